@@ -1,0 +1,1 @@
+"""Local running: an S3 + SQS endpoint, a PostgreSQL, the event-source poller and the demo."""

@@ -1,0 +1,124 @@
+"""The local stack: PostgreSQL, S3 and SQS on loopback, and the wiring between them.
+
+Every embedded default yields to its setting (SPEC 10): DATABASE_URL names a database to use
+instead of an embedded one, AWS_ENDPOINT_URL (or _S3 / _SQS) an endpoint instead of moto's server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parent.parent
+REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class Queues:
+    url: str
+    arn: str
+    dead_letter_url: str
+    dead_letter_arn: str
+
+
+def migrate(database_url: str) -> None:
+    """Apply the migrations (what `make migrate` runs)."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    command.upgrade(config, "head")
+
+
+@contextmanager
+def database(data_dir: Path, name: str = "photos") -> Iterator[str]:
+    """A database URL: DATABASE_URL's server, or an embedded PostgreSQL in `data_dir` (pgserver)."""
+    base = os.environ.get("DATABASE_URL")
+    server = None
+    if not base:
+        import pgserver
+
+        server = pgserver.get_server(data_dir, cleanup_mode="stop")
+        base = server.get_uri()
+    from photo_publish.database import sqlalchemy_url
+
+    admin = create_engine(sqlalchemy_url(base), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = sqlalchemy_url(base).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        if server is not None:
+            server.cleanup()
+
+
+@contextmanager
+def aws_endpoint() -> Iterator[None]:
+    """moto's server on loopback, unless AWS_ENDPOINT_URL(_S3/_SQS) already names an endpoint."""
+    os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    if any(os.environ.get(v) for v in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS")):
+        yield
+        return
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ["AWS_ENDPOINT_URL"] = f"http://{host}:{port}"
+    try:
+        yield
+    finally:
+        server.stop()
+        del os.environ["AWS_ENDPOINT_URL"]
+
+
+def create_queues(sqs: Any, name: str, *, max_receive_count: int, visibility_timeout: int) -> Queues:
+    """The process queue and its dead-letter queue, wired by a redrive policy as the template does."""
+    dead_url = sqs.create_queue(QueueName=f"{name}-dlq", Attributes={"MessageRetentionPeriod": "1209600"})[
+        "QueueUrl"
+    ]
+    dead_arn = sqs.get_queue_attributes(QueueUrl=dead_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    redrive = {"deadLetterTargetArn": dead_arn, "maxReceiveCount": str(max_receive_count)}
+    url = sqs.create_queue(
+        QueueName=name,
+        Attributes={"RedrivePolicy": json.dumps(redrive), "VisibilityTimeout": str(visibility_timeout)},
+    )["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return Queues(url, arn, dead_url, dead_arn)
+
+
+def create_bucket(s3: Any, bucket: str, *, queue_arn: str, originals_prefix: str) -> None:
+    """The photo bucket, notifying the queue of new originals only (variants share the bucket)."""
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": queue_arn,
+                    "Events": ["s3:ObjectCreated:*"],
+                    "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": originals_prefix}]}},
+                }
+            ]
+        },
+    )
+
+
+def clients() -> tuple[Any, Any]:
+    return boto3.client("s3"), boto3.client("sqs")

@@ -1,0 +1,45 @@
+"""The process function: an SQS batch (or an S3 event) in, a partial batch response out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from photo_publish import bootstrap
+from photo_publish.events import is_s3_event
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+processor = BatchProcessor(event_type=EventType.SQS)
+
+
+def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
+    logger.append_keys(message_id=record.message_id)
+    bootstrap.delivery(metrics).sqs_record(
+        message_id=record.message_id,
+        body=record.body,
+        receipt_handle=record.receipt_handle,
+        receive_count=int(record.attributes.approximate_receive_count),
+        remaining=lambda: lambda_context.get_remaining_time_in_millis() / 1000,
+    )
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if not event.get("Records"):
+        return {"batchItemFailures": []}
+    if is_s3_event(event):
+        results = bootstrap.delivery(metrics).s3_records(
+            event["Records"], remaining=lambda: context.get_remaining_time_in_millis() / 1000
+        )
+        return {"results": [{"photoId": str(r.photo_id), "outcome": r.outcome} for r in results]}
+    return process_partial_response(
+        event=event, record_handler=record_handler, processor=processor, context=context
+    )

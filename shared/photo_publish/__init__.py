@@ -1,0 +1,1 @@
+"""photo-publish: turn an uploaded original into published, web-ready variants."""

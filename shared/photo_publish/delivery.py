@@ -1,0 +1,104 @@
+"""What a queue delivery does with the service's results: acknowledge, or return after a delay."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+
+from photo_publish.events import MalformedMessage, PhotoRequest, from_s3_records, from_sqs_body
+from photo_publish.service import JobQueue, Outcome, PhotoService, Remaining, Result, forever
+from photo_publish.settings import Settings
+
+logger = Logger(child=True)
+
+
+class RetryLater(Exception):
+    """Raised for a record the queue must deliver again (its visibility already set)."""
+
+    def __init__(self, results: Sequence[Result]) -> None:
+        super().__init__(", ".join(f"{r.photo_id}: {r.code or r.outcome}" for r in results))
+        self.results = results
+
+
+class Delivery:
+    def __init__(self, service: PhotoService, queue: JobQueue, settings: Settings, metrics: Metrics) -> None:
+        self._service = service
+        self._queue = queue
+        self._settings = settings
+        self._metrics = metrics
+
+    def sqs_record(
+        self,
+        *,
+        message_id: str,
+        body: str,
+        receipt_handle: str,
+        receive_count: int,
+        remaining: Remaining = forever,
+    ) -> list[Result]:
+        """Handle one SQS record; raises RetryLater when it must come back."""
+        try:
+            requests = from_sqs_body(body, bucket=self._settings.photo_bucket, stage=self._settings.stage)
+        except MalformedMessage as error:
+            # A producer's bug, not a photo's fault: retrying cannot help and nobody is paged.
+            logger.warning("malformed message", message_id=message_id, body=body[:4096], reason=str(error))
+            self._metrics.add_metric(name="MalformedMessages", unit=MetricUnit.Count, value=1)
+            return []
+        if not requests:
+            logger.debug("irrelevant message", message_id=message_id)
+            self._metrics.add_metric(name="IgnoredMessages", unit=MetricUnit.Count, value=1)
+            return []
+
+        results = self._process(requests, receive_count, remaining)
+        retries = [r for r in results if r.outcome is Outcome.RETRY]
+        if not retries:
+            return results
+        delay = max(r.retry_in or 0 for r in retries)
+        if receive_count >= self._settings.max_receive_count:
+            # The redrive would dead-letter this message on its next receive although the job has
+            # attempts left: acknowledge it and let a fresh message carry the job.
+            for retry in retries:
+                self._queue.send_job(retry.photo_id, delay)
+            return results
+        self._queue.retry_later(receipt_handle, delay)
+        raise RetryLater(retries)
+
+    def s3_records(self, records: list[dict[str, Any]], remaining: Remaining = forever) -> list[Result]:
+        """S3 invoking the function directly: a failure raises, for Lambda's own async retries."""
+        requests = from_s3_records(records, bucket=self._settings.photo_bucket, stage=self._settings.stage)
+        results = self._process(requests, 1, remaining)
+        retries = [r for r in results if r.outcome is Outcome.RETRY]
+        if retries:
+            raise RetryLater(retries)
+        return results
+
+    def _process(
+        self, requests: list[PhotoRequest], receive_count: int, remaining: Remaining
+    ) -> list[Result]:
+        results = []
+        for request in requests:
+            result = self._service.process(request, receive_count=receive_count, remaining=remaining)
+            self._record(result)
+            results.append(result)
+        return results
+
+    def _record(self, result: Result) -> None:
+        logger.info(
+            "photo processed",
+            outcome=result.outcome,
+            photo_id=str(result.photo_id),
+            attempt=result.attempt,
+            error_code=result.code,
+            retry_in=result.retry_in,
+        )
+        self._metrics.add_metric(name=f"Photos_{result.outcome}", unit=MetricUnit.Count, value=1)
+        if result.code is not None:
+            self._metrics.add_metric(name=f"Failures_{result.code}", unit=MetricUnit.Count, value=1)
+        if result.render_seconds is not None:
+            self._metrics.add_metric(
+                name="RenderDuration", unit=MetricUnit.Milliseconds, value=result.render_seconds * 1000
+            )
+            self._metrics.add_metric(name="VariantBytes", unit=MetricUnit.Bytes, value=result.variant_bytes)

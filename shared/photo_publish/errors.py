@@ -1,0 +1,53 @@
+"""The project's one error type and its closed set of codes."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    # The user's bad input: retrying cannot help.
+    ORIGINAL_NOT_FOUND = "ORIGINAL_NOT_FOUND"
+    ORIGINAL_TOO_LARGE = "ORIGINAL_TOO_LARGE"
+    UNSUPPORTED_FORMAT = "UNSUPPORTED_FORMAT"
+    DECODE_FAILED = "DECODE_FAILED"
+    DIMENSIONS_EXCEEDED = "DIMENSIONS_EXCEEDED"
+    ENCODE_FAILED = "ENCODE_FAILED"
+    # Operational faults: the next attempt may succeed.
+    STORAGE_READ_FAILED = "STORAGE_READ_FAILED"
+    STORAGE_WRITE_FAILED = "STORAGE_WRITE_FAILED"
+    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    TIME_BUDGET_EXCEEDED = "TIME_BUDGET_EXCEEDED"
+    PHOTO_NOT_FOUND = "PHOTO_NOT_FOUND"
+    UNEXPECTED_ERROR = "UNEXPECTED_ERROR"
+    # Final by definition: a worker died holding the job's last attempt.
+    WORKER_LOST = "WORKER_LOST"
+
+    @property
+    def permanent(self) -> bool:
+        return self in _PERMANENT
+
+
+_PERMANENT = frozenset(
+    {
+        ErrorCode.ORIGINAL_NOT_FOUND,
+        ErrorCode.ORIGINAL_TOO_LARGE,
+        ErrorCode.UNSUPPORTED_FORMAT,
+        ErrorCode.DECODE_FAILED,
+        ErrorCode.DIMENSIONS_EXCEEDED,
+        ErrorCode.ENCODE_FAILED,
+    }
+)
+
+
+class PhotoError(Exception):
+    """A failure with a code from the closed set; `detail` is for logs, never for decisions."""
+
+    def __init__(self, code: ErrorCode, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else str(code))
+        self.code = code
+        self.detail = detail
+
+    @property
+    def permanent(self) -> bool:
+        return self.code.permanent

@@ -1,0 +1,91 @@
+"""Every event shape of SPEC 6, turned into the photos it asks the process function to work on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
+from uuid import UUID
+
+from aws_lambda_powertools.utilities.data_classes import S3Event
+from aws_lambda_powertools.utilities.data_classes.s3_event import S3EventBridgeNotificationEvent
+
+from photo_publish.keys import MalformedKey, OriginalKey, parse_original_key, parse_uuid
+
+
+class MalformedMessage(ValueError):
+    """A record no producer of ours would send: acknowledged, logged and counted, never retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhotoRequest:
+    photo_id: UUID
+    # Set when an upload of this original caused the request: the key must be the photo's own.
+    original: OriginalKey | None = None
+
+
+def is_s3_event(event: Mapping[str, Any]) -> bool:
+    """S3 invoking the function itself (as `sam local invoke` with a generated event does)."""
+    records = event.get("Records")
+    return bool(records) and isinstance(records, list) and records[0].get("eventSource") == "aws:s3"
+
+
+def from_s3_records(records: Iterable[Mapping[str, Any]], *, bucket: str, stage: str) -> list[PhotoRequest]:
+    try:
+        uploads = [
+            (record.s3.bucket.name, record.s3.get_object.key)
+            for record in S3Event({"Records": list(records)}).records
+            if record.event_source == "aws:s3" and record.event_name.startswith("ObjectCreated:")
+        ]
+        requests = [_object_created(name, unquote_plus(key), bucket, stage) for name, key in uploads]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise MalformedMessage(f"not an S3 event notification: {error!r}") from None
+    return [request for request in requests if request is not None]
+
+
+def from_sqs_body(body: str, *, bucket: str, stage: str) -> list[PhotoRequest]:
+    """The photos an SQS record's body asks for; empty for records that are not ours to act on."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        raise MalformedMessage("the body is not JSON") from None
+    if not isinstance(message, dict):
+        raise MalformedMessage("the body is not a JSON object")
+
+    if "Records" in message:
+        if not isinstance(message["Records"], list):
+            raise MalformedMessage("Records is not a list")
+        return from_s3_records(message["Records"], bucket=bucket, stage=stage)
+    if message.get("Event") == "s3:TestEvent":
+        return []
+    if message.get("source") == "aws.s3" and "detail" in message:
+        return _from_eventbridge(message, bucket=bucket, stage=stage)
+    if "photoId" in message:
+        try:
+            return [PhotoRequest(parse_uuid(message["photoId"]))]
+        except MalformedKey as error:
+            raise MalformedMessage(str(error)) from None
+    raise MalformedMessage("no known message shape")
+
+
+def _from_eventbridge(message: dict[str, Any], *, bucket: str, stage: str) -> list[PhotoRequest]:
+    event = S3EventBridgeNotificationEvent(message)
+    if event.detail_type != "Object Created":
+        return []
+    try:
+        request = _object_created(event.detail.bucket.name, event.detail.object.key, bucket, stage)
+    except (KeyError, TypeError, AttributeError) as error:
+        raise MalformedMessage(f"not an S3 Object Created event: {error!r}") from None
+    return [] if request is None else [request]
+
+
+def _object_created(event_bucket: str, key: str, bucket: str, stage: str) -> PhotoRequest | None:
+    if event_bucket != bucket:
+        return None
+    try:
+        original = parse_original_key(key, stage)
+    except MalformedKey as error:
+        raise MalformedMessage(str(error)) from None
+    return None if original is None else PhotoRequest(original.photo_id, original)

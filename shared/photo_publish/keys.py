@@ -1,0 +1,53 @@
+"""The S3 key layout of SPEC 2: originals in, variants out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from uuid import UUID
+
+VariantKind = Literal["thumb", "browse"]
+
+
+class MalformedKey(ValueError):
+    """A key under the originals prefix that does not follow the layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class OriginalKey:
+    key: str
+    album_id: UUID
+    photo_id: UUID
+    file_name: str
+
+
+def parse_uuid(value: object) -> UUID:
+    if not isinstance(value, str):
+        raise MalformedKey(f"not a UUID: {value!r}")
+    try:
+        return UUID(value)
+    except ValueError:
+        raise MalformedKey(f"not a UUID: {value!r}") from None
+
+
+def parse_original_key(key: str, stage: str) -> OriginalKey | None:
+    """The ids in an originals key; None for a key outside the originals prefix (not ours)."""
+    prefix = f"{stage}/originals/"
+    if not key.startswith(prefix):
+        return None
+    parts = key[len(prefix) :].split("/")
+    if len(parts) != 4 or parts[0] != "albums" or not parts[3]:
+        raise MalformedKey(f"not {prefix}albums/{{albumId}}/{{photoId}}/{{fileName}}: {key!r}")
+    return OriginalKey(
+        key=key, album_id=parse_uuid(parts[1]), photo_id=parse_uuid(parts[2]), file_name=parts[3]
+    )
+
+
+def original_key(stage: str, album_id: UUID, photo_id: UUID, file_name: str) -> str:
+    return f"{stage}/originals/albums/{album_id}/{photo_id}/{file_name}"
+
+
+def variant_key(
+    stage: str, album_id: UUID, photo_id: UUID, *, version: int, kind: VariantKind, ext: str
+) -> str:
+    return f"{stage}/albums/{album_id}/variants/{photo_id}/{version}/{kind}.{ext}"

@@ -1,0 +1,102 @@
+"""The tables of SPEC 4 as SQLAlchemy 2 typed models. The migrations create them; these read them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import CheckConstraint, DateTime, ForeignKey, Index, Integer, Text, func, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from photo_publish.errors import ErrorCode
+
+PROCESSING_STATES = ("uploaded", "ready", "processing_failed")
+VISIBILITIES = ("unpublished", "published")
+JOB_STATUSES = ("pending", "active", "done", "failed")
+VARIANT_KINDS = ("thumb", "browse")
+
+
+def one_of(column: str, values: tuple[str, ...] | list[str]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+ERROR_CODES = [code.value for code in ErrorCode]
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: DateTime(timezone=True), str: Text, dict[str, Any]: JSONB}  # noqa: RUF012 - SQLAlchemy reads it as is
+
+
+class Photo(Base):
+    __tablename__ = "photos"
+    __table_args__ = (
+        CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
+        CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
+        CheckConstraint(one_of("error_code", ERROR_CODES), name="photos_error_code_check"),
+    )
+
+    id: Mapped[UUID] = mapped_column(primary_key=True)
+    album_id: Mapped[UUID] = mapped_column(index=True)
+    original_key: Mapped[str] = mapped_column(unique=True)
+    processing_state: Mapped[str] = mapped_column(server_default=text("'uploaded'"))
+    visibility: Mapped[str] = mapped_column(server_default=text("'unpublished'"))
+    published_at: Mapped[datetime | None]
+    width: Mapped[int | None]
+    height: Mapped[int | None]
+    error_code: Mapped[str | None]
+    entity_version: Mapped[int] = mapped_column(server_default=text("1"))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PhotoVariant(Base):
+    __tablename__ = "photo_variants"
+    __table_args__ = (CheckConstraint(one_of("kind", VARIANT_KINDS), name="photo_variants_kind_check"),)
+
+    photo_id: Mapped[UUID] = mapped_column(ForeignKey("photos.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(primary_key=True)
+    storage_key: Mapped[str]
+    width: Mapped[int]
+    height: Mapped[int]
+    bytes: Mapped[int] = mapped_column(Integer)
+    content_type: Mapped[str]
+    variant_version: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PhotoJob(Base):
+    __tablename__ = "photo_jobs"
+    __table_args__ = (
+        CheckConstraint(one_of("status", JOB_STATUSES), name="photo_jobs_status_check"),
+        CheckConstraint(one_of("last_error_code", ERROR_CODES), name="photo_jobs_last_error_code_check"),
+        CheckConstraint("attempt >= 0", name="photo_jobs_attempt_check"),
+    )
+
+    photo_id: Mapped[UUID] = mapped_column(ForeignKey("photos.id", ondelete="CASCADE"), primary_key=True)
+    status: Mapped[str] = mapped_column(server_default=text("'pending'"))
+    attempt: Mapped[int] = mapped_column(server_default=text("0"))
+    next_retry_at: Mapped[datetime | None]
+    claimed_at: Mapped[datetime | None]
+    enqueued_at: Mapped[datetime | None]
+    last_error_code: Mapped[str | None]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class OutboxEvent(Base):
+    __tablename__ = "outbox_events"
+    __table_args__ = (
+        # A relay reads the unpublished events in order; published ones leave the index.
+        Index("outbox_events_unpublished_idx", "created_at", postgresql_where=text("published_at IS NULL")),
+    )
+
+    id: Mapped[UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())
+    aggregate_type: Mapped[str]
+    aggregate_id: Mapped[UUID] = mapped_column(index=True)
+    event_type: Mapped[str]
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    published_at: Mapped[datetime | None]

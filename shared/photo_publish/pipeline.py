@@ -1,0 +1,162 @@
+"""The image pipeline: a stream of the original in, encoded variants out. No I/O of its own.
+
+Decode once: the original is read once, shrunk on load to browse size and kept in memory; the
+thumb is made from that small image, so nothing reads the stream a second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyvips
+
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.keys import VariantKind
+
+# Loaders an upload may use (by libvips' nickname); everything else is refused from its header.
+ALLOWED_LOADERS = frozenset(
+    {
+        "jpegload_source",
+        "pngload_source",
+        "webpload_source",
+        "tiffload_source",
+        "gifload_source",
+        "heifload_source",
+    }
+)
+# Interpretations that are sRGB already, or become it by a plain conversion with nothing to manage.
+_PLAIN = frozenset({"srgb", "b-w", "rgb16", "grey16"})
+# EXIF orientations 5-8 turn the picture a quarter: the displayed size swaps width and height.
+_TRANSPOSING = frozenset({5, 6, 7, 8})
+
+# Untrusted loaders (matload, magick, ...) are not for user uploads.
+pyvips.block_untrusted_set(True)
+# Every upload is a new image: the operation cache would only hold memory a warm container needs.
+pyvips.cache_set_max(0)
+
+
+class Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    thumb_size: int = 400
+    browse_size: int = 2048
+    quality: int = 80
+    effort: int = 4
+    max_input_pixels: int = 100_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedVariant:
+    kind: VariantKind
+    data: bytes
+    width: int
+    height: int
+    content_type: str = "image/webp"
+    extension: str = "webp"
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """The original's displayed size (orientation applied) and its variants."""
+
+    width: int
+    height: int
+    loader: str
+    variants: tuple[RenderedVariant, ...]
+
+
+class _StreamSource:
+    """A libvips source over a stream that keeps the stream's own error.
+
+    libvips sees a failed read only as an early end of file; the error that caused it (a storage
+    fault, the byte limit) is what the caller must hear about.
+    """
+
+    def __init__(self, stream: Readable) -> None:
+        self._stream = stream
+        self.error: PhotoError | None = None
+        self.source = pyvips.SourceCustom()
+        self.source.on_read(self._read)
+
+    def _read(self, size: int) -> bytes:
+        if self.error is not None:
+            return b""
+        try:
+            return self._stream.read(size)
+        except PhotoError as error:
+            self.error = error
+        except Exception as error:
+            self.error = PhotoError(ErrorCode.STORAGE_READ_FAILED, repr(error))
+        return b""
+
+    def fail(self, code: ErrorCode, error: pyvips.Error) -> PhotoError:
+        return self.error or PhotoError(code, f"{error.message} {error.detail}".strip())
+
+
+def _loader(stream: _StreamSource) -> str:
+    # libvips' own sniffing, without loading: no loader at all means an unsupported format.
+    pointer = pyvips.vips_lib.vips_foreign_find_load_source(stream.source.pointer)
+    if pointer == pyvips.ffi.NULL:
+        raise stream.error or PhotoError(ErrorCode.UNSUPPORTED_FORMAT, "no loader recognises the file")
+    nickname = pyvips.nickname_find(pyvips.type_from_name(pyvips.ffi.string(pointer).decode()))
+    if nickname not in ALLOWED_LOADERS:
+        raise PhotoError(ErrorCode.UNSUPPORTED_FORMAT, f"loader {nickname} is not accepted")
+    return nickname
+
+
+def render(original: Readable, options: RenderOptions) -> Rendered:
+    """Render `thumb` and `browse` WebP variants from a stream of the original."""
+    stream = _StreamSource(original)
+    loader = _loader(stream)
+    try:
+        header = pyvips.Image.new_from_source(stream.source, "", access="sequential")
+    except pyvips.Error as error:
+        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+
+    # A decompression bomb is refused on what its header declares, before any pixel is decoded.
+    width, height = header.width, header.get_page_height()
+    if width * height > options.max_input_pixels:
+        raise PhotoError(
+            ErrorCode.DIMENSIONS_EXCEEDED, f"{width}x{height} exceeds {options.max_input_pixels} pixels"
+        )
+    fields = set(header.get_fields())
+    if "orientation" in fields and header.get("orientation") in _TRANSPOSING:
+        width, height = height, width
+
+    # Colour-manage only where there is something to convert: export_profile costs about a
+    # quarter of the render even for a plain sRGB photo, for identical output.
+    convert = "icc-profile-data" in fields or header.interpretation not in _PLAIN
+    try:
+        browse = pyvips.Image.thumbnail_source(
+            stream.source,
+            options.browse_size,
+            height=options.browse_size,
+            size="down",
+            option_string="fail_on=truncated",
+            **({"export_profile": "srgb"} if convert else {}),
+        )
+        # Sequential access reads the stream once: materialise the small image before using it twice.
+        browse = browse.copy_memory()
+    except pyvips.Error as error:
+        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+    if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
+        browse = browse.colourspace("srgb").cast("uchar")
+
+    try:
+        thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")
+        variants = tuple(
+            RenderedVariant(
+                kind=kind,
+                data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
+                width=image.width,
+                height=image.height,
+            )
+            for kind, image in (("thumb", thumb), ("browse", browse))
+        )
+    except pyvips.Error as error:
+        raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None
+    return Rendered(width=width, height=height, loader=loader, variants=variants)

@@ -1,0 +1,65 @@
+"""SQS, the queue: what a delivery needs besides acknowledging or failing its record."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from photo_publish.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+
+# SQS caps both a message's delay and a visibility timeout (the latter at 12 hours).
+MAX_DELAY_SECONDS = 900
+MAX_VISIBILITY_SECONDS = 43_200
+
+
+def job_body(photo_id: UUID) -> str:
+    return json.dumps({"photoId": str(photo_id)})
+
+
+class SqsQueue:
+    def __init__(self, client: SQSClient, queue_url: str, dead_letter_queue_url: str) -> None:
+        self._client = client
+        self._queue_url = queue_url
+        self._dead_letter_queue_url = dead_letter_queue_url
+
+    def retry_later(self, receipt_handle: str, seconds: float) -> None:
+        """The record comes back after `seconds` (its visibility), when it is reported as failed."""
+        self._client.change_message_visibility(
+            QueueUrl=self._queue_url,
+            ReceiptHandle=receipt_handle,
+            VisibilityTimeout=min(max(round(seconds), 0), MAX_VISIBILITY_SECONDS),
+        )
+
+    def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None:
+        self._client.send_message(
+            QueueUrl=self._queue_url,
+            MessageBody=job_body(photo_id),
+            DelaySeconds=min(max(round(delay_seconds), 0), MAX_DELAY_SECONDS),
+        )
+
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None:
+        self._client.send_message(
+            QueueUrl=self._dead_letter_queue_url,
+            MessageBody=json.dumps(
+                {
+                    "photoId": str(photo_id),
+                    "attempt": attempt,
+                    "errorCode": code.value,
+                    "detail": detail[:1000],
+                }
+            ),
+            MessageAttributes={
+                "photoId": {"DataType": "String", "StringValue": str(photo_id)},
+                "attempt": {"DataType": "Number", "StringValue": str(attempt)},
+                "errorCode": {"DataType": "String", "StringValue": code.value},
+            },
+        )
+
+
+QUEUE_ERRORS = (ClientError, BotoCoreError)

@@ -1,0 +1,256 @@
+"""Processing one photo: claim, render, store, publish; every failure ends in a recorded state."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+from uuid import UUID
+
+from aws_lambda_powertools import Logger, Tracer
+
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.events import PhotoRequest
+from photo_publish.keys import variant_key
+from photo_publish.pipeline import Readable, RenderOptions, render
+from photo_publish.repository import (
+    Claimed,
+    Exhausted,
+    NotClaimable,
+    PhotoRepository,
+    PhotoRow,
+    StoredVariant,
+)
+from photo_publish.settings import Settings
+
+logger = Logger(child=True)
+tracer = Tracer()
+
+Remaining = Callable[[], float]
+
+
+def forever() -> float:
+    return math.inf
+
+
+class Outcome(StrEnum):
+    PUBLISHED = "published"
+    ALREADY = "already"
+    SKIPPED = "skipped"
+    # Not ours to work on: the job is finished, or the event names another original.
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"
+    # A newer claim owns the job: this worker's result is not recorded.
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    outcome: Outcome
+    photo_id: UUID
+    code: ErrorCode | None = None
+    attempt: int | None = None
+    retry_in: float | None = None
+    render_seconds: float | None = None
+    variant_bytes: int = 0
+
+
+class OriginalStream(Readable, Protocol):
+    def close(self) -> None: ...
+
+
+class ObjectStore(Protocol):
+    def open_original(self, key: str, max_bytes: int) -> OriginalStream: ...
+    def put_variant(self, key: str, data: bytes, content_type: str) -> None: ...
+
+
+class JobQueue(Protocol):
+    def retry_later(self, receipt_handle: str, seconds: float) -> None: ...
+    def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None: ...
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None: ...
+
+
+class PhotoService:
+    def __init__(
+        self, repository: PhotoRepository, store: ObjectStore, queue: JobQueue, settings: Settings
+    ) -> None:
+        self._repository = repository
+        self._store = store
+        self._queue = queue
+        self._settings = settings
+        self._options = RenderOptions(
+            thumb_size=settings.thumb_size,
+            browse_size=settings.browse_size,
+            quality=settings.webp_quality,
+            effort=settings.webp_effort,
+            max_input_pixels=settings.max_input_pixels,
+        )
+
+    def process(
+        self, request: PhotoRequest, *, receive_count: int = 1, remaining: Remaining = forever
+    ) -> Result:
+        """Work on one photo; the result says whether its message is done or must come back."""
+        try:
+            self._budget(remaining, self._settings.record_budget_seconds)
+            return self._process(request, remaining)
+        except PhotoError as error:
+            # Failed before any attempt was claimed: the message's receive count is all that counts.
+            return self._unclaimed_failure(request.photo_id, error, receive_count)
+
+    def _process(self, request: PhotoRequest, remaining: Remaining) -> Result:
+        photo = self._photo_to_render(request)
+        if isinstance(photo, Result):
+            return photo
+        attempt = self._claim(photo, request)
+        if isinstance(attempt, Result):
+            return attempt
+        logger.append_keys(attempt=attempt)
+        try:
+            return self._render_and_publish(photo, attempt, remaining)
+        except PhotoError as error:
+            return self._failure(photo.id, attempt, error)
+        except Exception as error:
+            logger.exception("unexpected error")
+            return self._failure(photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error)))
+
+    def _photo_to_render(self, request: PhotoRequest) -> PhotoRow | Result:
+        """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
+        photo = self._repository.get_photo(request.photo_id)
+        if photo is None:
+            if request.original is not None:
+                # The upload raced the API's insert of the photo row: it may exist soon.
+                raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
+            return Result(Outcome.SKIPPED, request.photo_id)
+        logger.append_keys(photo_id=str(photo.id), album_id=str(photo.album_id))
+        if request.original is not None and request.original.key != photo.original_key:
+            logger.warning("event key is not the photo's original", key=request.original.key)
+            return Result(Outcome.IGNORED, photo.id)
+        if photo.processing_state == "ready":
+            self._repository.mark_done(photo.id)
+            return Result(Outcome.ALREADY, photo.id)
+        return photo
+
+    def _claim(self, photo: PhotoRow, request: PhotoRequest) -> int | Result:
+        """The attempt this delivery now owns (its fencing token), or why it owns none."""
+        self._repository.ensure_job(photo.id, reopen_failed=request.original is not None)
+        claim = self._repository.claim(
+            photo.id, stale_after=self._settings.stale_after_seconds, max_attempts=self._settings.max_attempts
+        )
+        match claim:
+            case Claimed(attempt=attempt):
+                return attempt
+            case NotClaimable(retry_in=None):
+                return Result(Outcome.DUPLICATE, photo.id)
+            case NotClaimable(retry_in=retry_in):
+                return Result(Outcome.RETRY, photo.id, retry_in=retry_in)
+            case Exhausted(attempt=attempt):
+                return self._final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
+        return Result(Outcome.SKIPPED, photo.id)
+
+    def _render_and_publish(self, photo: PhotoRow, attempt: int, remaining: Remaining) -> Result:
+        settings = self._settings
+        started = time.perf_counter()
+        with tracer.provider.in_subsegment("## render"):
+            stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
+            try:
+                rendered = render(stream, self._options)
+            finally:
+                stream.close()
+        render_seconds = time.perf_counter() - started
+
+        stored = []
+        with tracer.provider.in_subsegment("## s3.put"):
+            for variant in rendered.variants:
+                self._budget(remaining, settings.commit_budget_seconds)
+                key = variant_key(
+                    settings.stage,
+                    photo.album_id,
+                    photo.id,
+                    version=settings.variant_version,
+                    kind=variant.kind,
+                    ext=variant.extension,
+                )
+                self._store.put_variant(key, variant.data, variant.content_type)
+                stored.append(
+                    StoredVariant(
+                        variant.kind,
+                        key,
+                        variant.width,
+                        variant.height,
+                        len(variant.data),
+                        variant.content_type,
+                    )
+                )
+
+        self._budget(remaining, settings.commit_budget_seconds)
+        with tracer.provider.in_subsegment("## transaction"):
+            published = self._repository.publish(
+                photo.id,
+                attempt,
+                width=rendered.width,
+                height=rendered.height,
+                variants=stored,
+                variant_version=settings.variant_version,
+            )
+        return Result(
+            Outcome(published.outcome),
+            photo.id,
+            attempt=attempt,
+            render_seconds=render_seconds,
+            variant_bytes=sum(v.size for v in stored),
+        )
+
+    def _failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
+        """Record a claimed attempt's failure: permanent, retried after its backoff, or final."""
+        logger.warning(
+            "attempt failed", error_code=error.code, detail=error.detail, permanent=error.permanent
+        )
+        try:
+            if error.permanent:
+                if not self._repository.fail(photo_id, attempt, error.code):
+                    return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
+                return Result(Outcome.FAILED, photo_id, error.code, attempt)
+            if attempt >= self._settings.max_attempts:
+                return self._final_failure(photo_id, attempt, error)
+            backoff = self._settings.backoff_seconds(attempt)
+            if not self._repository.release(photo_id, attempt, error.code, backoff):
+                return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
+            return Result(Outcome.RETRY, photo_id, error.code, attempt, retry_in=backoff)
+        except PhotoError as recording:
+            # Nothing could be recorded: the job stays active under this attempt and is taken over
+            # once stale; the message comes back after the backoff to find it so.
+            logger.warning("failure not recorded", error_code=recording.code)
+            return Result(
+                Outcome.RETRY, photo_id, error.code, attempt, self._settings.backoff_seconds(attempt)
+            )
+
+    def _final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
+        if not self._repository.fail(photo_id, attempt, error.code):
+            return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
+        # After the marking: a run that dies in between leaves the message to come back and find
+        # the job failed, and the redrive policy dead-letters it at worst.
+        self._queue.send_dead_letter(photo_id, attempt, error.code, error.detail)
+        return Result(Outcome.DEAD_LETTERED, photo_id, error.code, attempt)
+
+    def _unclaimed_failure(self, photo_id: UUID, error: PhotoError, receive_count: int) -> Result:
+        logger.warning("delivery failed before a claim", error_code=error.code, detail=error.detail)
+        if error.code is ErrorCode.PHOTO_NOT_FOUND and receive_count >= self._settings.max_attempts:
+            self._queue.send_dead_letter(photo_id, receive_count, error.code, error.detail)
+            return Result(Outcome.DEAD_LETTERED, photo_id, error.code, receive_count)
+        retry_in = (
+            0
+            if error.code is ErrorCode.TIME_BUDGET_EXCEEDED
+            else self._settings.backoff_seconds(receive_count)
+        )
+        return Result(Outcome.RETRY, photo_id, error.code, retry_in=retry_in)
+
+    @staticmethod
+    def _budget(remaining: Remaining, needed: float) -> None:
+        if remaining() < needed:
+            raise PhotoError(ErrorCode.TIME_BUDGET_EXCEEDED, f"less than {needed:.0f}s left")

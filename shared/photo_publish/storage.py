@@ -1,0 +1,69 @@
+"""S3, the object store: originals streamed in, variants written out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from photo_publish.errors import ErrorCode, PhotoError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+# Published variants are never rewritten under the same key (a pipeline change bumps the version).
+IMMUTABLE = "public, max-age=31536000, immutable"
+# S3 answers a missing key with 404 when the caller may list the prefix, else with 403.
+_MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+class OriginalStream:
+    """The body of an original, read in the sizes libvips asks for, never past the byte limit."""
+
+    def __init__(self, body: Any, limit: int) -> None:
+        self._body = body
+        self._limit = limit
+        self.bytes_read = 0
+
+    def read(self, size: int, /) -> bytes:
+        try:
+            chunk: bytes = self._body.read(size)
+        except (BotoCoreError, OSError) as error:
+            raise PhotoError(ErrorCode.STORAGE_READ_FAILED, repr(error)) from error
+        self.bytes_read += len(chunk)
+        if self.bytes_read > self._limit:
+            raise PhotoError(ErrorCode.ORIGINAL_TOO_LARGE, f"more than {self._limit} bytes")
+        return chunk
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class S3Store:
+    def __init__(self, client: S3Client, bucket: str) -> None:
+        self._client = client
+        self._bucket = bucket
+
+    def open_original(self, key: str, max_bytes: int) -> OriginalStream:
+        try:
+            response = self._client.get_object(Bucket=self._bucket, Key=key)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in _MISSING:
+                raise PhotoError(ErrorCode.ORIGINAL_NOT_FOUND, key) from error
+            raise PhotoError(ErrorCode.STORAGE_READ_FAILED, code) from error
+        except BotoCoreError as error:
+            raise PhotoError(ErrorCode.STORAGE_READ_FAILED, repr(error)) from error
+        body = response["Body"]
+        if response.get("ContentLength", 0) > max_bytes:
+            body.close()
+            raise PhotoError(ErrorCode.ORIGINAL_TOO_LARGE, f"{response['ContentLength']} > {max_bytes} bytes")
+        return OriginalStream(body, max_bytes)
+
+    def put_variant(self, key: str, data: bytes, content_type: str) -> None:
+        try:
+            self._client.put_object(
+                Bucket=self._bucket, Key=key, Body=data, ContentType=content_type, CacheControl=IMMUTABLE
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise PhotoError(ErrorCode.STORAGE_WRITE_FAILED, repr(error)) from error
