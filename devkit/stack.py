@@ -40,7 +40,7 @@ def migrate(database_url: str) -> None:
 
 
 @contextmanager
-def database(data_dir: Path, name: str = "photos") -> Iterator[str]:
+def database(data_dir: Path, name: str = "photos", *, keep: bool = True) -> Iterator[str]:
     """A database URL: DATABASE_URL's server, or an embedded PostgreSQL in `data_dir` (pgserver)."""
     base = os.environ.get("DATABASE_URL")
     server = None
@@ -55,11 +55,14 @@ def database(data_dir: Path, name: str = "photos") -> Iterator[str]:
     with admin.connect() as connection:
         connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         connection.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
     url = sqlalchemy_url(base).set(database=name).render_as_string(hide_password=False)
     try:
         yield url
     finally:
+        if not keep:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            admin.dispose()
         if server is not None:
             server.cleanup()
 
@@ -104,8 +107,12 @@ def create_queues(sqs: Any, name: str, *, max_receive_count: int, visibility_tim
 
 
 def create_bucket(s3: Any, bucket: str, *, queue_arn: str, originals_prefix: str) -> None:
-    """The photo bucket, notifying the queue of new originals only (variants share the bucket)."""
     s3.create_bucket(Bucket=bucket)
+    notify(s3, bucket, queue_arn=queue_arn, originals_prefix=originals_prefix)
+
+
+def notify(s3: Any, bucket: str, *, queue_arn: str, originals_prefix: str) -> None:
+    """New originals, and only they, notify the queue (variants are written to the same bucket)."""
     s3.put_bucket_notification_configuration(
         Bucket=bucket,
         NotificationConfiguration={

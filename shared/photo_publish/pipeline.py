@@ -102,7 +102,7 @@ def _loader(stream: _StreamSource) -> str:
     pointer = pyvips.vips_lib.vips_foreign_find_load_source(stream.source.pointer)
     if pointer == pyvips.ffi.NULL:
         raise stream.error or PhotoError(ErrorCode.UNSUPPORTED_FORMAT, "no loader recognises the file")
-    nickname = pyvips.nickname_find(pyvips.type_from_name(pyvips.ffi.string(pointer).decode()))
+    nickname = str(pyvips.nickname_find(pyvips.type_from_name(pyvips.ffi.string(pointer).decode())))
     if nickname not in ALLOWED_LOADERS:
         raise PhotoError(ErrorCode.UNSUPPORTED_FORMAT, f"loader {nickname} is not accepted")
     return nickname
@@ -148,6 +148,7 @@ def render(original: Readable, options: RenderOptions) -> Rendered:
 
     try:
         thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")
+        images: tuple[tuple[VariantKind, pyvips.Image], ...] = (("thumb", thumb), ("browse", browse))
         variants = tuple(
             RenderedVariant(
                 kind=kind,
@@ -155,7 +156,7 @@ def render(original: Readable, options: RenderOptions) -> Rendered:
                 width=image.width,
                 height=image.height,
             )
-            for kind, image in (("thumb", thumb), ("browse", browse))
+            for kind, image in images
         )
     except pyvips.Error as error:
         raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None

@@ -205,6 +205,7 @@ class PhotoRepository:
                 return PublishResult("already" if exists else "skipped")
 
             album_id, entity_version, published_at = published
+            assert published_at is not None  # set by the UPDATE above
             stmt = insert(PhotoVariant).values(
                 [
                     {

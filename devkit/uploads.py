@@ -1,0 +1,53 @@
+"""What an upload API does, and all it must do (SPEC 11): two rows, then the original in S3."""
+
+from __future__ import annotations
+
+import mimetypes
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Engine, insert
+
+from photo_publish.keys import original_key
+from photo_publish.models import Photo, PhotoJob
+
+
+@dataclass(frozen=True)
+class Upload:
+    album_id: UUID
+    photo_id: UUID
+    key: str
+
+
+def register(engine: Engine, stage: str, file_name: str, album_id: UUID | None = None) -> Upload:
+    """The API's insert: a photo row and its job row, every other column left to its default."""
+    upload_ = Upload(album_id or uuid.uuid4(), uuid.uuid4(), "")
+    key = original_key(stage, upload_.album_id, upload_.photo_id, file_name)
+    with engine.begin() as connection:
+        connection.execute(
+            insert(Photo).values(id=upload_.photo_id, album_id=upload_.album_id, original_key=key)
+        )
+        connection.execute(insert(PhotoJob).values(photo_id=upload_.photo_id))
+    return Upload(upload_.album_id, upload_.photo_id, key)
+
+
+def put_original(s3: Any, bucket: str, key: str, data: bytes) -> None:
+    content_type = mimetypes.guess_type(key)[0] or "application/octet-stream"
+    s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type)
+
+
+def upload(
+    engine: Engine,
+    s3: Any,
+    bucket: str,
+    stage: str,
+    *,
+    file_name: str,
+    data: bytes,
+    album_id: UUID | None = None,
+) -> Upload:
+    registered = register(engine, stage, file_name, album_id)
+    put_original(s3, bucket, registered.key, data)
+    return registered

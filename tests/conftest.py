@@ -1,0 +1,117 @@
+"""Real parts for every test: PostgreSQL (embedded, or DATABASE_URL), moto's server over HTTP."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+# The functions read these at import, as in Lambda; X-Ray has no daemon here.
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "photo-publish")
+os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "PhotoPublishTest")
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+
+from devkit import stack
+from photo_publish import bootstrap
+from photo_publish.database import create_database_engine
+from photo_publish.settings import Settings
+
+EVENTS = Path(__file__).parent / "events"
+STAGE = "dev"
+BUCKET = "photo-publish-test"
+TABLES = "photos, photo_variants, photo_jobs, outbox_events"
+
+
+def load_event(name: str) -> dict[str, Any]:
+    import json
+
+    return json.loads((EVENTS / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with stack.database(tmp_path_factory.mktemp("pg"), name=f"photo_test_{os.getpid()}", keep=False) as url:
+        stack.migrate(url)
+        yield url
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_database_engine(settings_for(database_url, queue_url="", dead_letter_url=""))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db(engine: Engine) -> Engine:
+    """The database, emptied for this test."""
+    with engine.begin() as connection:
+        connection.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+    return engine
+
+
+@pytest.fixture(scope="session")
+def aws_endpoint() -> Iterator[None]:
+    with stack.aws_endpoint():
+        s3, _ = stack.clients()
+        s3.create_bucket(Bucket=BUCKET)
+        yield
+
+
+def settings_for(database_url: str, *, queue_url: str, dead_letter_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "photo_bucket": BUCKET,
+        "stage": STAGE,
+        "process_queue_url": queue_url,
+        "dead_letter_queue_url": dead_letter_url,
+    }
+    return Settings.model_validate(values | overrides)
+
+
+@dataclass
+class Infra:
+    s3: Any
+    sqs: Any
+    queues: stack.Queues
+    settings: Settings
+    monkeypatch: pytest.MonkeyPatch
+
+    def configure(self, **overrides: Any) -> Settings:
+        """Point the functions' environment at this test's stack (as the template would)."""
+        self.settings = self.settings.model_copy(update=overrides)
+        for name, value in self.settings.model_dump().items():
+            if value is not None:
+                self.monkeypatch.setenv(name.upper(), str(value))
+        bootstrap.reset()
+        return self.settings
+
+
+@pytest.fixture
+def infra(
+    db: Engine, database_url: str, aws_endpoint: None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Infra]:
+    """A fresh queue pair wired to the test bucket, and the functions' environment pointing at it."""
+    s3, sqs = stack.clients()
+    queues = stack.create_queues(
+        sqs, f"process-{uuid.uuid4().hex[:12]}", max_receive_count=5, visibility_timeout=60
+    )
+    stack.notify(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    infra = Infra(
+        s3,
+        sqs,
+        queues,
+        settings_for(database_url, queue_url=queues.url, dead_letter_url=queues.dead_letter_url),
+        monkeypatch,
+    )
+    infra.configure()
+    yield infra
+    bootstrap.reset()

@@ -1,0 +1,103 @@
+"""The whole flow through real parts: S3 put -> notification -> SQS -> handler -> PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from devkit import handlers, samples, uploads
+from devkit.poller import LambdaContext, Poller
+from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from tests.conftest import BUCKET, STAGE, Infra
+
+process = handlers.load("process")
+
+
+def drain(infra: Infra, *, rounds: int = 20) -> Poller:
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=0)
+    for _ in range(rounds):
+        if not poller.poll_once() and not poller.poll_once():
+            break
+    return poller
+
+
+def row(db: Engine, model: Any, photo_id: Any) -> Any:
+    with db.connect() as connection:
+        key = model.id if model is Photo else model.photo_id
+        return connection.execute(select(model).where(key == photo_id)).one()
+
+
+def test_an_uploaded_photo_is_published_with_variants_rows_and_one_outbox_event(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a photo registered by the API and its original uploaded to S3
+    data = (samples.IMAGES / "LadyBird.jpg").read_bytes()
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="LadyBird.jpg", data=data)
+
+    # WHEN the queue's messages reach the process function
+    poller = drain(infra)
+
+    # THEN the photo is published at version 2 with its displayed size
+    photo = row(db, Photo, upload.photo_id)
+    assert (photo.processing_state, photo.visibility, photo.entity_version) == ("ready", "published", 2)
+    assert (photo.width, photo.height) == (2560, 1600)
+    assert photo.published_at is not None and photo.error_code is None
+    assert row(db, PhotoJob, upload.photo_id).status == "done"
+    # AND both variants are stored under the versioned prefix, immutable, as WebP
+    with db.connect() as connection:
+        variants = {v.kind: v for v in connection.execute(select(PhotoVariant)).all()}
+        events = connection.execute(select(OutboxEvent)).all()
+    assert set(variants) == {"thumb", "browse"}
+    for kind, variant in variants.items():
+        assert (
+            variant.storage_key
+            == f"{STAGE}/albums/{upload.album_id}/variants/{upload.photo_id}/1/{kind}.webp"
+        )
+        head = infra.s3.head_object(Bucket=BUCKET, Key=variant.storage_key)
+        assert head["ContentType"] == "image/webp"
+        assert head["CacheControl"] == "public, max-age=31536000, immutable"
+        assert head["ContentLength"] == variant.bytes
+    assert (variants["browse"].width, variants["browse"].height) == (2048, 1280)
+    assert (variants["thumb"].width, variants["thumb"].height) == (400, 250)
+    # AND exactly one photo.published event carries the post-increment version
+    assert len(events) == 1
+    event = events[0]
+    assert (event.event_type, event.aggregate_type, event.aggregate_id) == (
+        "photo.published",
+        "photo",
+        upload.photo_id,
+    )
+    assert event.payload["entityVersion"] == 2
+    assert event.payload["photoId"] == str(upload.photo_id)
+    assert event.payload["variants"]["browse"]["key"] == variants["browse"].storage_key
+    assert event.payload["variants"]["thumb"]["bytes"] == variants["thumb"].bytes
+    assert poller.failed == 0
+
+
+def test_a_second_delivery_answers_already_without_rendering_or_writing(infra: Infra, db: Engine) -> None:
+    # GIVEN a published photo whose variant objects are then removed from S3
+    data = (samples.IMAGES / "Garden.jpg").read_bytes()
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="Garden.jpg", data=data)
+    drain(infra)
+    prefix = f"{STAGE}/albums/{upload.album_id}/variants/{upload.photo_id}/"
+    for obj in infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]:
+        infra.s3.delete_object(Bucket=BUCKET, Key=obj["Key"])
+
+    # WHEN the same photo is delivered again (a job message, as a duplicate would be)
+    infra.sqs.send_message(
+        QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(upload.photo_id)})
+    )
+    poller = drain(infra)
+
+    # THEN nothing was written to S3, no event was added and the version did not move
+    assert poller.received == 1 and poller.failed == 0
+    assert infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("KeyCount") == 0
+    assert row(db, Photo, upload.photo_id).entity_version == 2
+    with db.connect() as connection:
+        assert connection.scalar(select(func.count()).select_from(OutboxEvent)) == 1
+
+
+def test_a_batch_with_no_records_answers_no_failures(infra: Infra) -> None:
+    assert process.lambda_handler({"Records": []}, LambdaContext()) == {"batchItemFailures": []}
