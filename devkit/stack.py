@@ -7,7 +7,9 @@ instead of an embedded one, AWS_ENDPOINT_URL (or _S3 / _SQS) an endpoint instead
 from __future__ import annotations
 
 import json
+import logging
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ import boto3
 from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parent.parent
+# pgserver asks platformdirs for a runtime folder that root shells often lack; the fallback is fine.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", module="platformdirs")
 REGION = "us-east-1"
 
 
@@ -47,6 +51,7 @@ def database(data_dir: Path, name: str = "photos", *, keep: bool = True) -> Iter
     if not base:
         import pgserver
 
+        data_dir.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(data_dir, cleanup_mode="stop")
         base = server.get_uri()
     from photo_publish.database import sqlalchemy_url
@@ -78,6 +83,8 @@ def aws_endpoint() -> Iterator[None]:
         return
     from moto.server import ThreadedMotoServer
 
+    # One line per HTTP request would bury the demo's own output.
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

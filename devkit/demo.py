@@ -1,0 +1,172 @@
+"""`make demo`: real photos from an S3 upload to published variants, rows and outbox events.
+
+Everything runs on this machine: an embedded PostgreSQL (or DATABASE_URL), moto's S3 + SQS server
+on loopback (or AWS_ENDPOINT_URL), the bucket's notification to the queue, and the local poller
+feeding the real process handler. DEMO_PHOTOS=<folder> runs it on your own photos.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from devkit import handlers, report, samples, stack, uploads
+from devkit.poller import Poller
+from photo_publish.database import create_database_engine
+from photo_publish.models import OutboxEvent, Photo
+from photo_publish.settings import Settings
+
+ROOT = stack.ROOT
+OUTPUT = ROOT / "demo-output"
+BUCKET = "photo-publish-demo"
+STAGE = "dev"
+SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".tif", ".tiff", ".gif", ".heic", ".heif", ".avif"}
+
+
+def demo_photos() -> Iterator[tuple[str, bytes]]:
+    """DEMO_PHOTOS' files, or the project's photographs and a few hard cases made from them."""
+    folder = os.environ.get("DEMO_PHOTOS")
+    if folder:
+        for path in sorted(Path(folder).iterdir()):
+            if path.suffix.lower() in SUFFIXES:
+                yield path.name, path.read_bytes()
+        return
+    for path in samples.photographs():
+        yield path.name, path.read_bytes()
+    storm = samples.photograph("Storm.jpg")
+    yield "Storm, stored sideways (EXIF 6).jpg", samples.oriented_jpeg(storm, 6)
+    yield "Lady bird in Display P3.jpg", samples.profiled_jpeg(samples.photograph("LadyBird.jpg"), "p3")
+    yield "Garden, printed (CMYK).jpg", samples.cmyk_jpeg(samples.photograph("Garden.jpg").thumbnail_image(1600))
+    yield "Yellow flower, half transparent.png", samples.alpha_png(
+        samples.photograph("YellowFlower.jpg").thumbnail_image(1200)
+    )
+    yield "Aqua, animated.gif", samples.animated_gif(samples.photograph("Aqua.jpg"))
+    yield "Broken upload.jpg", samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes())
+
+
+def function_environment(settings: Settings) -> None:
+    """What the template sets on the functions, set here for the handler running in-process."""
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            os.environ[name.upper()] = str(value)
+    os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "photo-publish")
+    os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "PhotoPublishDemo")
+    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
+
+
+def counts(engine: Engine) -> collections.Counter[str]:
+    with engine.connect() as connection:
+        rows = connection.execute(select(Photo.processing_state, func.count()).group_by(Photo.processing_state))
+        return collections.Counter({state: n for state, n in rows})
+
+
+def outcomes(log_path: Path) -> collections.Counter[str]:
+    """Deliveries by outcome, read from the function's own structured logs (as Logs Insights would)."""
+    tally: collections.Counter[str] = collections.Counter()
+    for line in log_path.read_text().splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("message") == "photo processed":
+                tally[entry["outcome"]] += 1
+    return tally
+
+
+def run() -> dict[str, Any]:
+    OUTPUT.mkdir(exist_ok=True)
+    log_path = OUTPUT / "functions.log"
+    photos = list(demo_photos())
+    print(f"photo-publish demo: {len(photos)} photos", flush=True)
+    with stack.database(ROOT / ".local" / "postgres", name="photo_publish_demo") as url, stack.aws_endpoint():
+        started = time.perf_counter()
+        stack.migrate(url)
+        s3, sqs = stack.clients()
+        name = f"photo-publish-demo-{uuid.uuid4().hex[:6]}"
+        queues = stack.create_queues(sqs, name, max_receive_count=5, visibility_timeout=60)
+        stack.create_bucket(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        settings = Settings(
+            database_url=url,
+            photo_bucket=BUCKET,
+            stage=STAGE,
+            process_queue_url=queues.url,
+            dead_letter_queue_url=queues.dead_letter_url,
+        )
+        function_environment(settings)
+        engine = create_database_engine(settings)
+        print(f"  stack ready in {time.perf_counter() - started:.1f}s (PostgreSQL, S3, SQS)", flush=True)
+
+        album_id = uuid.uuid4()
+        registered = {}
+        for file_name, data in photos:
+            upload = uploads.upload(engine, s3, BUCKET, STAGE, file_name=file_name, data=data, album_id=album_id)
+            registered[upload.photo_id] = file_name
+        print(f"  uploaded {len(photos)} originals to s3://{BUCKET}/{STAGE}/originals/", flush=True)
+
+        process = handlers.load("process")
+        # The function logs JSON to stdout, as in Lambda; here it goes to a file beside the report.
+        with log_path.open("w") as log, redirect_stdout(log):
+            for handler in logging.getLogger(os.environ["POWERTOOLS_SERVICE_NAME"]).handlers:
+                if isinstance(handler, logging.StreamHandler):
+                    handler.setStream(log)
+            poller = Poller(sqs, queues.url, queues.arn, process.lambda_handler, wait_seconds=1)
+            render_started = time.perf_counter()
+
+            def progress() -> None:
+                state = counts(engine)
+                print(
+                    f"  [{time.perf_counter() - started:5.1f}s] published {state['ready']}/{len(photos)}"
+                    f", failed {state['processing_failed']}",
+                    file=sys.__stdout__,
+                    flush=True,
+                )
+
+            def settled() -> bool:
+                state = counts(engine)
+                return state["ready"] + state["processing_failed"] == len(photos)
+
+            poller.run_until(settled, deadline_seconds=600, on_batch=progress)
+            render_seconds = time.perf_counter() - render_started
+            # A second delivery of every photo, as S3 or the sweep may send: each must answer
+            # `already` (or stay failed) without a new event.
+            for photo_id in registered:
+                sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(photo_id)}))
+            poller.run_until(lambda: False, deadline_seconds=3)
+
+        wall = time.perf_counter() - started
+        with engine.connect() as connection:
+            events = connection.scalar(select(func.count()).select_from(OutboxEvent)) or 0
+        page = report.write(OUTPUT, engine, s3, BUCKET, registered)
+        state = counts(engine)
+        delivered = outcomes(log_path)
+        summary = {
+            "photos": len(photos),
+            "published": state["ready"],
+            "already": delivered["already"],
+            "failed": report.failures(engine),
+            "outboxEvents": events,
+            "deliveries": dict(delivered),
+            "wallSeconds": round(wall, 2),
+            "renderSeconds": round(render_seconds, 2),
+            "photosPerSecond": round(len(photos) / render_seconds, 2),
+        }
+        (OUTPUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        engine.dispose()
+    print(f"  done in {wall:.1f}s: {summary['published']} published, failed {summary['failed']}, "
+          f"{summary['already']} duplicate deliveries answered 'already', {events} outbox events")
+    print(f"  report:  {page}\n  summary: {OUTPUT / 'summary.json'}\n  logs:    {log_path}")
+    return summary
+
+
+if __name__ == "__main__":
+    run()
