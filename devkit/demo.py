@@ -47,9 +47,13 @@ def demo_photos() -> Iterator[tuple[str, bytes]]:
     storm = samples.photograph("Storm.jpg")
     yield "Storm, stored sideways (EXIF 6).jpg", samples.oriented_jpeg(storm, 6)
     yield "Lady bird in Display P3.jpg", samples.profiled_jpeg(samples.photograph("LadyBird.jpg"), "p3")
-    yield "Garden, printed (CMYK).jpg", samples.cmyk_jpeg(samples.photograph("Garden.jpg").thumbnail_image(1600))
-    yield "Yellow flower, half transparent.png", samples.alpha_png(
-        samples.photograph("YellowFlower.jpg").thumbnail_image(1200)
+    yield (
+        "Garden, printed (CMYK).jpg",
+        samples.cmyk_jpeg(samples.photograph("Garden.jpg").thumbnail_image(1600)),
+    )
+    yield (
+        "Yellow flower, half transparent.png",
+        samples.alpha_png(samples.photograph("YellowFlower.jpg").thumbnail_image(1200)),
     )
     yield "Aqua, animated.gif", samples.animated_gif(samples.photograph("Aqua.jpg"))
     yield "Broken upload.jpg", samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes())
@@ -68,7 +72,9 @@ def function_environment(settings: Settings) -> None:
 
 def counts(engine: Engine) -> collections.Counter[str]:
     with engine.connect() as connection:
-        rows = connection.execute(select(Photo.processing_state, func.count()).group_by(Photo.processing_state))
+        rows = connection.execute(
+            select(Photo.processing_state, func.count()).group_by(Photo.processing_state)
+        )
         return collections.Counter({state: n for state, n in rows})
 
 
@@ -109,7 +115,9 @@ def run() -> dict[str, Any]:
         album_id = uuid.uuid4()
         registered = {}
         for file_name, data in photos:
-            upload = uploads.upload(engine, s3, BUCKET, STAGE, file_name=file_name, data=data, album_id=album_id)
+            upload = uploads.upload(
+                engine, s3, BUCKET, STAGE, file_name=file_name, data=data, album_id=album_id
+            )
             registered[upload.photo_id] = file_name
         print(f"  uploaded {len(photos)} originals to s3://{BUCKET}/{STAGE}/originals/", flush=True)
 
@@ -162,8 +170,10 @@ def run() -> dict[str, Any]:
         }
         (OUTPUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         engine.dispose()
-    print(f"  done in {wall:.1f}s: {summary['published']} published, failed {summary['failed']}, "
-          f"{summary['already']} duplicate deliveries answered 'already', {events} outbox events")
+    print(
+        f"  done in {wall:.1f}s: {summary['published']} published, failed {summary['failed']}, "
+        f"{summary['already']} duplicate deliveries answered 'already', {events} outbox events"
+    )
     print(f"  report:  {page}\n  summary: {OUTPUT / 'summary.json'}\n  logs:    {log_path}")
     return summary
 

@@ -27,7 +27,9 @@ td { padding: 2px 8px; vertical-align: top; } td:first-child { color: #777; }
 
 def failures(engine: Engine) -> dict[str, int]:
     with engine.connect() as connection:
-        codes = connection.scalars(select(Photo.error_code).where(Photo.processing_state == "processing_failed"))
+        codes = connection.scalars(
+            select(Photo.error_code).where(Photo.processing_state == "processing_failed")
+        )
         return dict(collections.Counter(codes))
 
 
@@ -36,7 +38,9 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
     images.mkdir(parents=True, exist_ok=True)
     with engine.connect() as connection:
         photos = {p.id: p for p in connection.execute(select(Photo).where(Photo.id.in_(names))).all()}
-        jobs = {j.photo_id: j for j in connection.execute(select(PhotoJob).where(PhotoJob.photo_id.in_(names)))}
+        jobs = {
+            j.photo_id: j for j in connection.execute(select(PhotoJob).where(PhotoJob.photo_id.in_(names)))
+        }
         variants = collections.defaultdict(dict)
         for v in connection.execute(select(PhotoVariant).where(PhotoVariant.photo_id.in_(names))):
             variants[v.photo_id][v.kind] = v
@@ -73,7 +77,7 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
         css = "ready" if photo.processing_state == "ready" else "failed"
         sections.append(
             f'<section class="photo {css}"><div class="browse">{cells["browse"]}</div>'
-            f"<div class=\"thumb\">{cells['thumb']}</div><table>{rows}</table></section>"
+            f'<div class="thumb">{cells["thumb"]}</div><table>{rows}</table></section>'
         )
     ready = sum(1 for p in photos.values() if p.processing_state == "ready")
     page = output / "report.html"

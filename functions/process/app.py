@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from photo_publish import bootstrap
 from photo_publish.events import is_s3_event
+from photo_publish.observability import logger, metrics, tracer
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
 
 
 def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
-    logger.append_keys(message_id=record.message_id)
+    logger.thread_safe_clear_keys()
+    logger.thread_safe_append_keys(message_id=record.message_id)
     bootstrap.delivery(metrics).sqs_record(
         message_id=record.message_id,
         body=record.body,

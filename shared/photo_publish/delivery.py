@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from photo_publish.events import MalformedMessage, PhotoRequest, from_s3_records, from_sqs_body
+from photo_publish.observability import logger
 from photo_publish.service import JobQueue, Outcome, PhotoService, Remaining, Result, forever
 from photo_publish.settings import Settings
-
-logger = Logger(child=True)
 
 
 class RetryLater(Exception):

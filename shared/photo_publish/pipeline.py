@@ -143,6 +143,9 @@ def render(original: Readable, options: RenderOptions) -> Rendered:
         browse = browse.copy_memory()
     except pyvips.Error as error:
         raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+    if stream.error is not None:
+        # Some loaders (GIF after its first frame) take a failed read for the end of the file.
+        raise stream.error
     if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
         browse = browse.colourspace("srgb").cast("uchar")
 

@@ -10,11 +10,10 @@ from enum import StrEnum
 from typing import Protocol
 from uuid import UUID
 
-from aws_lambda_powertools import Logger, Tracer
-
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.keys import variant_key
+from photo_publish.observability import logger, tracer
 from photo_publish.pipeline import Readable, RenderOptions, render
 from photo_publish.repository import (
     Claimed,
@@ -25,9 +24,6 @@ from photo_publish.repository import (
     StoredVariant,
 )
 from photo_publish.settings import Settings
-
-logger = Logger(child=True)
-tracer = Tracer()
 
 Remaining = Callable[[], float]
 
@@ -110,7 +106,7 @@ class PhotoService:
         attempt = self._claim(photo, request)
         if isinstance(attempt, Result):
             return attempt
-        logger.append_keys(attempt=attempt)
+        logger.thread_safe_append_keys(attempt=attempt)
         try:
             return self._render_and_publish(photo, attempt, remaining)
         except PhotoError as error:
@@ -127,7 +123,7 @@ class PhotoService:
                 # The upload raced the API's insert of the photo row: it may exist soon.
                 raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
             return Result(Outcome.SKIPPED, request.photo_id)
-        logger.append_keys(photo_id=str(photo.id), album_id=str(photo.album_id))
+        logger.thread_safe_append_keys(photo_id=str(photo.id), album_id=str(photo.album_id))
         if request.original is not None and request.original.key != photo.original_key:
             logger.warning("event key is not the photo's original", key=request.original.key)
             return Result(Outcome.IGNORED, photo.id)

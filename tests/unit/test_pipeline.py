@@ -474,14 +474,6 @@ def test_a_read_failure_in_a_jpeg_is_reported_as_the_streams_error_not_a_decode_
     assert raised.value.code is expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: libvips' gifload takes a failed read after the first frame as the end of the file and "
-        "renders frame 1; render() never checks the stream's recorded error after a successful decode, "
-        "so the storage fault or the byte limit (ORIGINAL_TOO_LARGE) is swallowed"
-    ),
-)
 @pytest.mark.parametrize(("error", "expected"), READ_FAILURES)
 def test_a_read_failure_after_the_first_frame_of_a_gif_is_reported_as_the_streams_error(
     animated_gif: bytes, error: Exception, expected: ErrorCode
@@ -498,7 +490,6 @@ def test_a_read_failure_after_the_first_frame_of_a_gif_is_reported_as_the_stream
     assert raised.value.code is expected
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the same swallowed error, through the project's own byte limit")
 def test_a_gif_over_the_byte_limit_of_the_original_stream_is_refused(animated_gif: bytes) -> None:
     # GIVEN the animated GIF behind storage's stream, limited to three quarters of its size
     stream = OriginalStream(io.BytesIO(animated_gif), limit=len(animated_gif) * 3 // 4)

@@ -1,0 +1,145 @@
+"""Eight deliveries of one photo at once: exactly one event, entity_version + 1 exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from devkit import samples, uploads
+from photo_publish.database import create_database_engine
+from photo_publish.events import PhotoRequest
+from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.queue import SqsQueue
+from photo_publish.repository import PhotoRepository, PublishResult
+from photo_publish.service import Outcome, PhotoService, Result
+from photo_publish.settings import Settings
+from photo_publish.storage import OriginalStream, S3Store
+from tests.conftest import BUCKET, STAGE, Infra
+
+WORKERS = 8
+
+
+class BarrierStore(S3Store):
+    """The real S3 store, holding each worker at the original until all of them got there."""
+
+    def __init__(self, inner: S3Store, barrier: threading.Barrier) -> None:
+        self.__dict__.update(inner.__dict__)
+        self._barrier = barrier
+
+    def open_original(self, key: str, max_bytes: int) -> OriginalStream:
+        self._barrier.wait()
+        return super().open_original(key, max_bytes)
+
+
+class BarrierRepository(PhotoRepository):
+    """The real repository, releasing every worker's publish transaction at the same moment."""
+
+    def __init__(self, engine: Engine, barrier: threading.Barrier) -> None:
+        super().__init__(engine)
+        self._barrier = barrier
+
+    def publish(self, *args: Any, **kwargs: Any) -> PublishResult:
+        self._barrier.wait()
+        return super().publish(*args, **kwargs)
+
+
+@pytest.fixture
+def engines(infra: Infra) -> Iterator[list[Engine]]:
+    """One engine per worker: each delivery has its own connections, as separate Lambdas do."""
+    engines = [create_database_engine(infra.settings) for _ in range(WORKERS)]
+    yield engines
+    for engine in engines:
+        engine.dispose()
+
+
+def deliver_all(
+    make_service: Callable[[int], PhotoService], request: PhotoRequest, *, until_claimed: bool = False
+) -> list[Result]:
+    start = threading.Barrier(WORKERS)
+
+    def deliver(index: int) -> Result:
+        service = make_service(index)
+        start.wait()
+        result = service.process(request)
+        # A claim can lose to one whose transaction started later; the queue would bring it back.
+        while until_claimed and result.outcome is Outcome.RETRY:
+            result = service.process(request)
+        return result
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return list(pool.map(deliver, range(WORKERS)))
+
+
+def published_state(db: Engine, photo_id: Any) -> tuple[int, int, str, int]:
+    with db.connect() as connection:
+        version = connection.scalar(select(Photo.entity_version).where(Photo.id == photo_id))
+        events = connection.scalar(
+            select(func.count()).select_from(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)
+        )
+        job = connection.execute(
+            select(PhotoJob.status, PhotoJob.attempt).where(PhotoJob.photo_id == photo_id)
+        ).one()
+    return version, events, job.status, job.attempt
+
+
+def services(infra: Infra, engines: list[Engine], settings: Settings, **barriers: threading.Barrier) -> Any:
+    queue = SqsQueue(infra.sqs, settings.process_queue_url, settings.dead_letter_queue_url)
+    store = S3Store(infra.s3, BUCKET)
+
+    def make(index: int) -> PhotoService:
+        repository = (
+            BarrierRepository(engines[index], barriers["publish"])
+            if "publish" in barriers
+            else PhotoRepository(engines[index])
+        )
+        worker_store = BarrierStore(store, barriers["render"]) if "render" in barriers else store
+        return PhotoService(repository, worker_store, queue, settings)
+
+    return make
+
+
+def test_concurrent_deliveries_let_one_through_the_claim(
+    infra: Infra, db: Engine, engines: list[Engine]
+) -> None:
+    # GIVEN an uploaded photo and eight deliveries of it arriving together
+    data = (samples.IMAGES / "Aqua.jpg").read_bytes()
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="Aqua.jpg", data=data)
+
+    # WHEN they run at once, each with its own connections
+    results = deliver_all(services(infra, engines, infra.settings), PhotoRequest(upload.photo_id))
+
+    # THEN one published; the others were turned away by the claim (or found it published)
+    outcomes = Counter(r.outcome for r in results)
+    assert outcomes[Outcome.PUBLISHED] == 1
+    assert set(outcomes) <= {Outcome.PUBLISHED, Outcome.RETRY, Outcome.ALREADY, Outcome.DUPLICATE}
+    # AND the photo went up one version with exactly one event; its job ran once
+    assert published_state(db, upload.photo_id) == (2, 1, "done", 1)
+
+
+def test_concurrent_renders_race_the_conditional_publish_and_exactly_one_wins(
+    infra: Infra, db: Engine, engines: list[Engine]
+) -> None:
+    # GIVEN a claim that any delivery can take over at once (stale after 0 s, attempts to spare)
+    data = (samples.IMAGES / "YellowFlower.jpg").read_bytes()
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="YellowFlower.jpg", data=data)
+    settings = infra.configure(stale_after_seconds=0, max_attempts=100)
+    render, publish = threading.Barrier(WORKERS, timeout=60), threading.Barrier(WORKERS, timeout=60)
+
+    # WHEN eight deliveries all claim, all render, and all enter the publish transaction together
+    make = services(infra, engines, settings, render=render, publish=publish)
+    results = deliver_all(make, PhotoRequest(upload.photo_id), until_claimed=True)
+
+    # THEN the conditional UPDATE let exactly one publish; the seven others answered `already`
+    outcomes = Counter(r.outcome for r in results)
+    assert outcomes == {Outcome.PUBLISHED: 1, Outcome.ALREADY: 7}
+    assert all(r.render_seconds is not None for r in results)
+    # AND entity_version went up once, with one event; the last claim finished the job
+    version, events, status, attempt = published_state(db, upload.photo_id)
+    assert (version, events, status) == (2, 1, "done")
+    assert attempt >= WORKERS

@@ -1,0 +1,129 @@
+"""The real handler on real AWS event JSON of every shape SPEC 6 names (tests/events/)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+from uuid import UUID
+
+import pytest
+from sqlalchemy import Engine, func, insert, select
+
+from devkit import handlers, samples, uploads
+from devkit.poller import LambdaContext
+from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from tests.conftest import BUCKET, Infra, load_event
+
+process = handlers.load("process")
+
+# The ids and the decoded key the files in tests/events/ carry.
+ALBUM = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
+PHOTO = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")
+KEY = f"dev/originals/albums/{ALBUM}/{PHOTO}/My photo (2) + [final] 100% été.jpg"
+
+
+@pytest.fixture
+def uploaded(infra: Infra, db: Engine) -> None:
+    """The photo the event files name: its rows as the API writes them, its original in S3."""
+    with db.begin() as connection:
+        connection.execute(insert(Photo).values(id=PHOTO, album_id=ALBUM, original_key=KEY))
+        connection.execute(insert(PhotoJob).values(photo_id=PHOTO))
+    uploads.put_original(infra.s3, BUCKET, KEY, (samples.IMAGES / "LadyBird.jpg").read_bytes())
+
+
+def state(db: Engine) -> tuple[Any, ...]:
+    with db.connect() as connection:
+        photo = connection.execute(
+            select(Photo.processing_state, Photo.entity_version).where(Photo.id == PHOTO)
+        ).one()
+        events = connection.scalar(select(func.count()).select_from(OutboxEvent))
+    return (*photo, events)
+
+
+@pytest.mark.parametrize("name", ["sqs_s3_notification", "sqs_eventbridge_object_created", "sqs_job_message"])
+def test_each_sqs_event_shape_publishes_the_photo(name: str, uploaded: None, db: Engine) -> None:
+    # GIVEN an SQS event as Lambda delivers it, naming a photo whose key S3 URL-encoded
+    event = load_event(name)
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN the record succeeded and the photo is published once
+    assert response == {"batchItemFailures": []}
+    assert state(db) == ("ready", 2, 1)
+
+
+def test_a_direct_s3_event_publishes_the_photo(uploaded: None, db: Engine) -> None:
+    # GIVEN S3 invoking the function itself (as `sam local invoke` with a generated event does)
+    event = load_event("s3_object_created")
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN it answers with each record's outcome and the photo is published
+    assert response == {"results": [{"photoId": str(PHOTO), "outcome": "published"}]}
+    assert state(db) == ("ready", 2, 1)
+
+
+def test_irrelevant_records_are_acknowledged_without_touching_anything(uploaded: None, db: Engine) -> None:
+    # GIVEN S3's test event, a variant key, a deletion and another stage's upload
+    event = load_event("sqs_irrelevant")
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN every record is acknowledged and the photo was not worked on
+    assert response == {"batchItemFailures": []}
+    assert state(db) == ("uploaded", 1, 0)
+    with db.connect() as connection:
+        assert connection.scalar(select(PhotoJob.attempt).where(PhotoJob.photo_id == PHOTO)) == 0
+
+
+def test_malformed_records_are_acknowledged_logged_and_counted(
+    uploaded: None, db: Engine, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN records no producer of ours would send: not JSON, no known shape, non-UUID ids
+    event = load_event("sqs_malformed")
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN none is retried (none reaches the dead-letter queue through the redrive)
+    assert response == {"batchItemFailures": []}
+    assert state(db) == ("uploaded", 1, 0)
+    # AND each is logged with its message id and counted by a metric
+    logged = [r for r in caplog.records if r.getMessage() == "malformed message"]
+    assert sorted(r.message_id for r in logged) == sorted(r["messageId"] for r in event["Records"])  # type: ignore[attr-defined]
+    assert logged[0].body == "this is not JSON"  # type: ignore[attr-defined]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    metrics = [line for line in lines if "_aws" in line and "MalformedMessages" in line]
+    assert sum(metrics[0]["MalformedMessages"]) == len(event["Records"])
+
+
+def test_an_event_for_another_key_than_the_photos_original_is_not_processed(
+    uploaded: None, db: Engine
+) -> None:
+    # GIVEN an upload under the photo's ids but with another file name than the one recorded
+    event = copy.deepcopy(load_event("s3_object_created"))
+    event["Records"][0]["s3"]["object"]["key"] = f"dev/originals/albums/{ALBUM}/{PHOTO}/other.jpg"
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN it is ignored: the recorded original is the source of truth
+    assert response == {"results": [{"photoId": str(PHOTO), "outcome": "ignored"}]}
+    assert state(db) == ("uploaded", 1, 0)
+
+
+def test_a_job_message_for_a_deleted_photo_is_skipped(infra: Infra, db: Engine) -> None:
+    # GIVEN a job message for a photo that no longer exists
+    event = load_event("sqs_job_message")
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN the record is acknowledged and no job row appears for a photo that does not exist
+    assert response == {"batchItemFailures": []}
+    with db.connect() as connection:
+        assert connection.scalar(select(func.count()).select_from(PhotoJob)) == 0
