@@ -1,0 +1,263 @@
+"""The schema, its migrations and the job state machine, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from devkit import stack
+from photo_publish.errors import ErrorCode
+from photo_publish.models import Base, Photo, PhotoJob
+from photo_publish.repository import Claimed, Exhausted, NotClaimable, PhotoRepository, StoredVariant
+
+STALE, ATTEMPTS = 300, 3
+
+
+def new_photo(db: Engine, *, job: bool = True) -> uuid.UUID:
+    photo_id = uuid.uuid4()
+    with db.begin() as connection:
+        connection.execute(
+            insert(Photo).values(id=photo_id, album_id=uuid.uuid4(), original_key=f"dev/originals/{photo_id}")
+        )
+        if job:
+            connection.execute(insert(PhotoJob).values(photo_id=photo_id))
+    return photo_id
+
+
+def job(db: Engine, photo_id: uuid.UUID) -> tuple[str, int, str | None]:
+    with db.connect() as connection:
+        row = connection.execute(
+            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(PhotoJob.photo_id == photo_id)
+        ).one()
+    return row.status, row.attempt, row.last_error_code
+
+
+def set_job(db: Engine, photo_id: uuid.UUID, **values: object) -> None:
+    with db.begin() as connection:
+        connection.execute(update(PhotoJob).where(PhotoJob.photo_id == photo_id).values(**values))
+
+
+VARIANTS = [
+    StoredVariant("thumb", "k/thumb.webp", 400, 250, 1000, "image/webp"),
+    StoredVariant("browse", "k/browse.webp", 2048, 1280, 9000, "image/webp"),
+]
+
+
+# --- schema and migrations -------------------------------------------------------------------
+
+
+def test_migrations_are_at_head_and_a_second_run_is_a_no_op(db: Engine, database_url: str) -> None:
+    # GIVEN the database the session migrated
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+    # WHEN the migrations run again
+    stack.migrate(database_url)
+
+    # THEN it is still at head, with its rows untouched
+    with db.connect() as connection:
+        assert MigrationContext.configure(connection).get_current_revision() == head
+        assert connection.scalar(text("SELECT count(*) FROM alembic_version")) == 1
+
+
+def test_the_models_match_the_migrated_schema(db: Engine) -> None:
+    # GIVEN the typed models and the schema the migrations built
+    with db.connect() as connection:
+        # WHEN alembic compares them
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+
+    # THEN there is nothing a migration would still have to do
+    assert diff == []
+
+
+def test_an_upload_api_needs_to_write_only_the_ids_and_the_key(db: Engine) -> None:
+    # GIVEN the two inserts an upload API makes (SPEC 11)
+    photo_id = new_photo(db)
+
+    # THEN every other column has its default
+    with db.connect() as connection:
+        photo = connection.execute(select(Photo).where(Photo.id == photo_id)).one()
+    assert (photo.processing_state, photo.visibility, photo.entity_version) == ("uploaded", "unpublished", 1)
+    assert photo.created_at is not None and photo.updated_at is not None
+    assert job(db, photo_id) == ("pending", 0, None)
+
+
+def test_every_error_code_is_accepted_by_the_check_and_nothing_else_is(db: Engine) -> None:
+    photo_id = new_photo(db)
+    for code in ErrorCode:
+        with db.begin() as connection:
+            connection.execute(update(Photo).where(Photo.id == photo_id).values(error_code=code.value))
+    with pytest.raises(IntegrityError), db.begin() as connection:
+        connection.execute(update(Photo).where(Photo.id == photo_id).values(error_code="SOMETHING_ELSE"))
+
+
+def test_transactions_run_at_read_committed_whatever_the_session_default(db: Engine) -> None:
+    with db.connect() as connection:
+        # GIVEN a connection whose session default was changed (as a server or role setting may)
+        connection.execute(text("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE"))
+        connection.commit()
+        # WHEN the next transaction begins on it, THEN it is READ COMMITTED: pinned, not inherited
+        assert connection.scalar(text("SHOW transaction_isolation")) == "read committed"
+
+
+# --- the claim -----------------------------------------------------------------------------
+
+
+def test_a_pending_job_is_claimed_once_with_its_attempt_as_the_token(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+
+    first = repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    second = repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+
+    assert first == Claimed(1)
+    # The second delivery finds it active and fresh: it comes back when the claim would be stale.
+    assert isinstance(second, NotClaimable) and second.status == "active"
+    assert second.retry_in is not None and STALE - 5 < second.retry_in <= STALE
+
+
+def test_a_job_in_backoff_is_not_claimable_until_due(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, next_retry_at=func.now() + timedelta(seconds=60))
+
+    result = repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+
+    assert isinstance(result, NotClaimable) and result.status == "pending"
+    assert result.retry_in is not None and 55 < result.retry_in <= 60
+
+
+def test_a_job_due_within_a_second_is_claimable_for_the_clocks_tolerance(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, next_retry_at=func.now() + timedelta(milliseconds=500))
+
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Claimed(1)
+
+
+@pytest.mark.parametrize("status", ["done", "failed"])
+def test_a_finished_job_makes_a_delivery_a_duplicate(db: Engine, status: str) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, status=status, attempt=1)
+
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == NotClaimable(status, None)
+
+
+def test_a_stale_active_job_is_taken_over_with_the_next_attempt(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, status="active", attempt=1, claimed_at=func.now() - timedelta(seconds=STALE + 1))
+
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Claimed(2)
+
+
+def test_a_stale_active_job_with_no_attempts_left_is_exhausted(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, status="active", attempt=ATTEMPTS, claimed_at=func.now() - timedelta(seconds=STALE + 1))
+
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Exhausted(ATTEMPTS)
+
+
+def test_a_job_row_is_created_only_for_a_photo_that_exists(db: Engine) -> None:
+    repository = PhotoRepository(db)
+    photo_id = new_photo(db, job=False)
+
+    repository.ensure_job(photo_id, reopen_failed=False)
+    repository.ensure_job(uuid.uuid4(), reopen_failed=False)
+
+    with db.connect() as connection:
+        assert connection.scalars(select(PhotoJob.photo_id)).all() == [photo_id]
+
+
+def test_an_upload_of_the_original_reopens_a_failed_job_and_nothing_else(db: Engine) -> None:
+    repository, failed, done = PhotoRepository(db), new_photo(db), new_photo(db)
+    set_job(db, failed, status="failed", attempt=3, last_error_code="ORIGINAL_NOT_FOUND")
+    set_job(db, done, status="done", attempt=1)
+
+    repository.ensure_job(failed, reopen_failed=True)
+    repository.ensure_job(done, reopen_failed=True)
+
+    assert job(db, failed)[:2] == ("pending", 0)
+    assert job(db, done) == ("done", 1, None)
+
+
+# --- fencing and failure marking -----------------------------------------------------------
+
+
+def test_a_worker_whose_job_was_taken_over_changes_nothing_when_it_fails(db: Engine) -> None:
+    # GIVEN a job claimed by a slow worker (attempt 1) and then taken over (attempt 2)
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Claimed(1)
+    set_job(db, photo_id, claimed_at=func.now() - timedelta(seconds=STALE + 1))
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Claimed(2)
+
+    # WHEN the slow worker reports a failure and a retry
+    failed = repository.fail(photo_id, 1, ErrorCode.DECODE_FAILED)
+    released = repository.release(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, 30)
+
+    # THEN neither is recorded: the job and the photo are as the new owner holds them
+    assert (failed, released) == (False, False)
+    assert job(db, photo_id) == ("active", 2, None)
+    with db.connect() as connection:
+        assert connection.scalar(select(Photo.processing_state).where(Photo.id == photo_id)) == "uploaded"
+
+
+def test_a_worker_whose_job_was_taken_over_may_publish_but_leaves_the_job_to_its_owner(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    set_job(db, photo_id, claimed_at=func.now() - timedelta(seconds=STALE + 1))
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+
+    result = repository.publish(photo_id, 1, width=2560, height=1600, variants=VARIANTS, variant_version=1)
+
+    # The photo's publication is gated by its own conditional update; the job by the token.
+    assert result.outcome == "published"
+    assert job(db, photo_id) == ("active", 2, None)
+    assert repository.publish(photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1).outcome == (
+        "already"
+    )
+    assert job(db, photo_id)[:2] == ("done", 2)
+
+
+def test_a_failure_never_downgrades_a_published_photo(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.claim(photo_id, stale_after=0, max_attempts=ATTEMPTS)
+    repository.claim(photo_id, stale_after=0, max_attempts=ATTEMPTS)
+    repository.publish(photo_id, 2, width=10, height=10, variants=VARIANTS, variant_version=1)
+    set_job(db, photo_id, status="active", attempt=3)
+
+    assert repository.fail(photo_id, 3, ErrorCode.DECODE_FAILED)
+
+    with db.connect() as connection:
+        photo = connection.execute(select(Photo).where(Photo.id == photo_id)).one()
+    assert (photo.processing_state, photo.visibility, photo.error_code) == ("ready", "published", None)
+
+
+def test_a_retry_puts_the_job_back_in_backoff_with_its_code(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+
+    assert repository.release(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, 30)
+
+    assert job(db, photo_id) == ("pending", 1, "STORAGE_READ_FAILED")
+    again = repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    assert isinstance(again, NotClaimable) and again.retry_in is not None and 25 < again.retry_in <= 30
+
+
+def test_publishing_a_deleted_photo_is_skipped(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    with db.begin() as connection:
+        connection.execute(text("DELETE FROM photos WHERE id = :id"), {"id": photo_id})
+
+    result = repository.publish(photo_id, 1, width=1, height=1, variants=VARIANTS, variant_version=1)
+
+    assert result.outcome == "skipped"
+
+
+def _alembic_config():  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    return Config(str(stack.ROOT / "alembic.ini"))
