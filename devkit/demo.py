@@ -28,7 +28,7 @@ from photo_publish.models import OutboxEvent, Photo
 from photo_publish.settings import Settings
 
 ROOT = stack.ROOT
-OUTPUT = ROOT / "demo-output"
+OUTPUT = Path(os.environ.get("DEMO_OUTPUT", ROOT / "demo-output"))
 BUCKET = "photo-publish-demo"
 STAGE = "dev"
 SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".tif", ".tiff", ".gif", ".heic", ".heif", ".avif"}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, insert, select
 
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
+from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from tests.conftest import BUCKET, STAGE, Infra
 
@@ -101,3 +104,64 @@ def test_a_second_delivery_answers_already_without_rendering_or_writing(infra: I
 
 def test_a_batch_with_no_records_answers_no_failures(infra: Infra) -> None:
     assert process.lambda_handler({"Records": []}, LambdaContext()) == {"batchItemFailures": []}
+
+
+def test_keys_with_spaces_plus_percent_brackets_and_accents_survive_s3s_encoding(infra: Infra, db: Engine) -> None:
+    # GIVEN a file name S3 must escape in its notification (moto escapes the slashes too)
+    name = "Été à la plage + 100% [final] (2).jpg"
+    data = (samples.IMAGES / "GreenMeadow.jpg").read_bytes()
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=name, data=data)
+
+    # WHEN the notification is delivered
+    poller = drain(infra)
+
+    # THEN the decoded key found the photo and its original
+    assert poller.failed == 0
+    assert row(db, Photo, upload.photo_id).processing_state == "ready"
+
+
+def test_a_corrupt_upload_fails_permanently_on_its_first_attempt(infra: Infra, db: Engine) -> None:
+    # GIVEN a truncated JPEG uploaded as a photo
+    data = samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes())
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="Wood.jpg", data=data)
+
+    # WHEN it is delivered
+    poller = drain(infra)
+
+    # THEN the photo is marked with the code and stays unpublished; the job failed at attempt 1
+    photo = row(db, Photo, upload.photo_id)
+    assert (photo.processing_state, photo.visibility, photo.error_code) == (
+        "processing_failed",
+        "unpublished",
+        "DECODE_FAILED",
+    )
+    assert (row(db, PhotoJob, upload.photo_id).status, row(db, PhotoJob, upload.photo_id).attempt) == ("failed", 1)
+    # AND the message was acknowledged: no retry, nothing in the dead-letter queue
+    assert poller.failed == 0
+    assert infra.sqs.receive_message(QueueUrl=infra.queues.dead_letter_url, WaitTimeSeconds=0).get("Messages") is None
+
+
+def test_an_upload_that_races_the_apis_insert_is_retried_until_the_row_exists(infra: Infra, db: Engine) -> None:
+    # GIVEN a short backoff, and an original uploaded before the API wrote its photo row
+    infra.configure(retry_base_seconds=1)
+    data = (samples.IMAGES / "Storm.jpg").read_bytes()
+    registered = uploads.Upload(uuid.uuid4(), uuid.uuid4(), "")
+    key = original_key(STAGE, registered.album_id, registered.photo_id, "Storm.jpg")
+    uploads.put_original(infra.s3, BUCKET, key, data)
+
+    # WHEN the notification is delivered
+    poller = drain(infra, rounds=1)
+
+    # THEN it is a transient failure: back to the queue, and no job row for a photo that does not exist
+    assert poller.failed == 1
+    with db.connect() as connection:
+        assert connection.scalar(select(func.count()).select_from(PhotoJob)) == 0
+
+    # WHEN the row arrives and the message comes back after its backoff
+    with db.begin() as connection:
+        connection.execute(insert(Photo).values(id=registered.photo_id, album_id=registered.album_id, original_key=key))
+    time.sleep(1.2)
+    drain(infra)
+
+    # THEN the photo is published
+    assert row(db, Photo, registered.photo_id).processing_state == "ready"

@@ -1,0 +1,39 @@
+"""`make demo` end to end, as a newcomer runs it: its own process, its own stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from devkit import stack
+
+
+def test_the_demo_publishes_every_good_photo_and_reports_it(tmp_path: Path) -> None:
+    # GIVEN a clean environment (no endpoint, no database named: the demo embeds both)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DATABASE_URL", "POWERTOOLS_"))}
+    env |= {"DEMO_OUTPUT": str(tmp_path), "PYTHONPATH": "functions/process:shared:."}
+
+    # WHEN the demo runs
+    done = subprocess.run(
+        [sys.executable, "-m", "devkit.demo"], cwd=stack.ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+    # THEN it finished and says where its report is
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "report:" in done.stdout
+    # AND every good photo was published once, the broken one failed with its code, and every
+    # second delivery answered `already`
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["photos"] == 13
+    assert summary["published"] == 12
+    assert summary["failed"] == {"DECODE_FAILED": 1}
+    assert summary["outboxEvents"] == 12
+    assert summary["already"] == 12
+    assert summary["photosPerSecond"] > 0
+    # AND the report shows each photo with its two variants, fetched from S3
+    page = (tmp_path / "report.html").read_text()
+    assert page.count('<section class="photo') == 13
+    assert len(list((tmp_path / "variants").glob("*.webp"))) == 24
