@@ -17,6 +17,7 @@ from photo_publish.repository import PhotoRepository
 from photo_publish.service import PhotoService
 from photo_publish.settings import Settings
 from photo_publish.storage import S3Store
+from photo_publish.sweep import Sweeper
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -72,7 +73,12 @@ def delivery(metrics: Metrics) -> Delivery:
     return Delivery(service, queue(), config, metrics)
 
 
+@cache
+def sweeper() -> Sweeper:
+    return Sweeper(engine(), queue(), settings())
+
+
 def reset() -> None:
     """Forget every client (tests that change the environment between cases)."""
-    for factory in (settings, s3_client, sqs_client, engine, queue, delivery):
+    for factory in (settings, s3_client, sqs_client, engine, queue, delivery, sweeper):
         factory.cache_clear()

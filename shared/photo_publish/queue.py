@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
 # SQS caps both a message's delay and a visibility timeout (the latter at 12 hours).
 MAX_DELAY_SECONDS = 900
 MAX_VISIBILITY_SECONDS = 43_200
+
+
+QUEUE_ERRORS = (ClientError, BotoCoreError)
 
 
 def job_body(photo_id: UUID) -> str:
@@ -43,6 +47,22 @@ class SqsQueue:
             DelaySeconds=min(max(round(delay_seconds), 0), MAX_DELAY_SECONDS),
         )
 
+    def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]:
+        """SendMessageBatch, ten a call; the ids whose message was not accepted."""
+        unsent: list[UUID] = []
+        for start in range(0, len(photo_ids), 10):
+            chunk = list(photo_ids[start : start + 10])
+            try:
+                response = self._client.send_message_batch(
+                    QueueUrl=self._queue_url,
+                    Entries=[{"Id": str(i), "MessageBody": job_body(p)} for i, p in enumerate(chunk)],
+                )
+            except QUEUE_ERRORS:
+                unsent.extend(chunk)
+                continue
+            unsent.extend(chunk[int(failure["Id"])] for failure in response.get("Failed", []))
+        return unsent
+
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None:
         self._client.send_message(
             QueueUrl=self._dead_letter_queue_url,
@@ -60,6 +80,3 @@ class SqsQueue:
                 "errorCode": {"DataType": "String", "StringValue": code.value},
             },
         )
-
-
-QUEUE_ERRORS = (ClientError, BotoCoreError)

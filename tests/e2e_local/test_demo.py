@@ -18,7 +18,13 @@ def test_the_demo_publishes_every_good_photo_and_reports_it(tmp_path: Path) -> N
 
     # WHEN the demo runs
     done = subprocess.run(
-        [sys.executable, "-m", "devkit.demo"], cwd=stack.ROOT, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "devkit.demo"],
+        check=False,
+        cwd=stack.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
     # THEN it finished and says where its report is

@@ -34,7 +34,9 @@ def new_photo(db: Engine, *, job: bool = True) -> uuid.UUID:
 def job(db: Engine, photo_id: uuid.UUID) -> tuple[str, int, str | None]:
     with db.connect() as connection:
         row = connection.execute(
-            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(PhotoJob.photo_id == photo_id)
+            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(
+                PhotoJob.photo_id == photo_id
+            )
         ).one()
     return row.status, row.attempt, row.last_error_code
 
@@ -155,7 +157,9 @@ def test_a_stale_active_job_is_taken_over_with_the_next_attempt(db: Engine) -> N
 
 def test_a_stale_active_job_with_no_attempts_left_is_exhausted(db: Engine) -> None:
     repository, photo_id = PhotoRepository(db), new_photo(db)
-    set_job(db, photo_id, status="active", attempt=ATTEMPTS, claimed_at=func.now() - timedelta(seconds=STALE + 1))
+    set_job(
+        db, photo_id, status="active", attempt=ATTEMPTS, claimed_at=func.now() - timedelta(seconds=STALE + 1)
+    )
 
     assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Exhausted(ATTEMPTS)
 
@@ -215,9 +219,9 @@ def test_a_worker_whose_job_was_taken_over_may_publish_but_leaves_the_job_to_its
     # The photo's publication is gated by its own conditional update; the job by the token.
     assert result.outcome == "published"
     assert job(db, photo_id) == ("active", 2, None)
-    assert repository.publish(photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1).outcome == (
-        "already"
-    )
+    assert repository.publish(
+        photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1
+    ).outcome == ("already")
     assert job(db, photo_id)[:2] == ("done", 2)
 
 

@@ -106,7 +106,9 @@ def test_a_batch_with_no_records_answers_no_failures(infra: Infra) -> None:
     assert process.lambda_handler({"Records": []}, LambdaContext()) == {"batchItemFailures": []}
 
 
-def test_keys_with_spaces_plus_percent_brackets_and_accents_survive_s3s_encoding(infra: Infra, db: Engine) -> None:
+def test_keys_with_spaces_plus_percent_brackets_and_accents_survive_s3s_encoding(
+    infra: Infra, db: Engine
+) -> None:
     # GIVEN a file name S3 must escape in its notification (moto escapes the slashes too)
     name = "Été à la plage + 100% [final] (2).jpg"
     data = (samples.IMAGES / "GreenMeadow.jpg").read_bytes()
@@ -135,13 +137,21 @@ def test_a_corrupt_upload_fails_permanently_on_its_first_attempt(infra: Infra, d
         "unpublished",
         "DECODE_FAILED",
     )
-    assert (row(db, PhotoJob, upload.photo_id).status, row(db, PhotoJob, upload.photo_id).attempt) == ("failed", 1)
+    assert (row(db, PhotoJob, upload.photo_id).status, row(db, PhotoJob, upload.photo_id).attempt) == (
+        "failed",
+        1,
+    )
     # AND the message was acknowledged: no retry, nothing in the dead-letter queue
     assert poller.failed == 0
-    assert infra.sqs.receive_message(QueueUrl=infra.queues.dead_letter_url, WaitTimeSeconds=0).get("Messages") is None
+    assert (
+        infra.sqs.receive_message(QueueUrl=infra.queues.dead_letter_url, WaitTimeSeconds=0).get("Messages")
+        is None
+    )
 
 
-def test_an_upload_that_races_the_apis_insert_is_retried_until_the_row_exists(infra: Infra, db: Engine) -> None:
+def test_an_upload_that_races_the_apis_insert_is_retried_until_the_row_exists(
+    infra: Infra, db: Engine
+) -> None:
     # GIVEN a short backoff, and an original uploaded before the API wrote its photo row
     infra.configure(retry_base_seconds=1)
     data = (samples.IMAGES / "Storm.jpg").read_bytes()
@@ -159,7 +169,9 @@ def test_an_upload_that_races_the_apis_insert_is_retried_until_the_row_exists(in
 
     # WHEN the row arrives and the message comes back after its backoff
     with db.begin() as connection:
-        connection.execute(insert(Photo).values(id=registered.photo_id, album_id=registered.album_id, original_key=key))
+        connection.execute(
+            insert(Photo).values(id=registered.photo_id, album_id=registered.album_id, original_key=key)
+        )
     time.sleep(1.2)
     drain(infra)
 
