@@ -29,7 +29,12 @@ class PhotoRequest:
 def is_s3_event(event: Mapping[str, Any]) -> bool:
     """S3 invoking the function itself (as `sam local invoke` with a generated event does)."""
     records = event.get("Records")
-    return bool(records) and isinstance(records, list) and records[0].get("eventSource") == "aws:s3"
+    return (
+        isinstance(records, list)
+        and bool(records)
+        and isinstance(records[0], dict)
+        and records[0].get("eventSource") == "aws:s3"
+    )
 
 
 def from_s3_records(records: Iterable[Mapping[str, Any]], *, bucket: str, stage: str) -> list[PhotoRequest]:
@@ -72,9 +77,9 @@ def from_sqs_body(body: str, *, bucket: str, stage: str) -> list[PhotoRequest]:
 
 def _from_eventbridge(message: dict[str, Any], *, bucket: str, stage: str) -> list[PhotoRequest]:
     event = S3EventBridgeNotificationEvent(message)
-    if event.detail_type != "Object Created":
-        return []
     try:
+        if event.detail_type != "Object Created":
+            return []
         request = _object_created(event.detail.bucket.name, event.detail.object.key, bucket, stage)
     except (KeyError, TypeError, AttributeError) as error:
         raise MalformedMessage(f"not an S3 Object Created event: {error!r}") from None

@@ -25,9 +25,13 @@ def parse_uuid(value: object) -> UUID:
     if not isinstance(value, str):
         raise MalformedKey(f"not a UUID: {value!r}")
     try:
-        return UUID(value)
+        parsed = UUID(value)
     except ValueError:
         raise MalformedKey(f"not a UUID: {value!r}") from None
+    # UUID() also takes braces, URNs and undashed hex: a key's text must be the id it names.
+    if str(parsed) != value.lower():
+        raise MalformedKey(f"not a UUID in canonical form: {value!r}")
+    return parsed
 
 
 def parse_original_key(key: str, stage: str) -> OriginalKey | None:

@@ -169,12 +169,6 @@ def test_an_irrelevant_body_asks_for_nothing(body: str) -> None:
         pytest.param(
             json.dumps({"source": "aws.s3", "detail": {"bucket": {"name": BUCKET}}}),
             id="eb-without-detail-type",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=KeyError,
-                reason="BUG: _from_eventbridge reads event.detail_type outside its try block, "
-                "so a missing detail-type escapes as KeyError instead of MalformedMessage",
-            ),
         ),
     ],
 )

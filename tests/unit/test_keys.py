@@ -61,6 +61,8 @@ def test_a_key_outside_the_stage_originals_prefix_is_not_ours(key: str) -> None:
         pytest.param(f"{ORIGINALS}/{ALBUM_ID}/{PHOTO_ID}/extra/x.jpg", id="extra-folder"),
         pytest.param(f"{ORIGINALS}/not-a-uuid/{PHOTO_ID}/x.jpg", id="album-not-a-uuid"),
         pytest.param(f"{ORIGINALS}/{ALBUM_ID}/not-a-uuid/x.jpg", id="photo-not-a-uuid"),
+        pytest.param(f"{ORIGINALS}/{{{ALBUM_ID}}}/{PHOTO_ID}/x.jpg", id="album-in-braces"),
+        pytest.param(f"{ORIGINALS}/{ALBUM_ID}/{PHOTO_ID.hex}/x.jpg", id="photo-without-dashes"),
         pytest.param(f"{ORIGINALS}/{ALBUM_ID}/{PHOTO_ID}/", id="empty-file-name"),
     ],
 )
