@@ -134,5 +134,14 @@ def notify(s3: Any, bucket: str, *, queue_arn: str, originals_prefix: str) -> No
     )
 
 
+def drop_test_events(sqs: Any, queue_url: str) -> None:
+    """S3 sends an s3:TestEvent when a notification is configured: start from an empty queue."""
+    while messages := sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get(
+        "Messages"
+    ):
+        for message in messages:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+
 def clients() -> tuple[Any, Any]:
     return boto3.client("s3"), boto3.client("sqs")

@@ -105,6 +105,7 @@ def infra(
         sqs, f"process-{uuid.uuid4().hex[:12]}", max_receive_count=5, visibility_timeout=60
     )
     stack.notify(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    stack.drop_test_events(sqs, queues.url)
     infra = Infra(
         s3,
         sqs,

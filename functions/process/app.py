@@ -12,7 +12,9 @@ from photo_publish import bootstrap
 from photo_publish.events import is_s3_event
 from photo_publish.observability import logger, metrics, tracer
 
-processor = BatchProcessor(event_type=EventType.SQS)
+# A batch whose every record failed is still a partial response, not a function error: each
+# record's visibility is already set, and errors are an alarm for crashes, not for bad photos.
+processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 
 
 def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:

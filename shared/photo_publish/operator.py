@@ -1,0 +1,217 @@
+"""The operator's commands (SPEC 5): `retry` failed photos, `redrive` the dead-letter queue.
+
+    python -m photo_publish.operator retry PHOTO_ID [PHOTO_ID ...]
+    python -m photo_publish.operator retry --all
+    python -m photo_publish.operator redrive [--move-task]
+
+Both read the functions' environment (DATABASE_URL or DB_SECRET_ARN + DB_HOST, PROCESS_QUEUE_URL,
+DEAD_LETTER_QUEUE_URL, ...). Either way, each photo gets exactly one job message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from botocore.exceptions import BotoCoreError, ClientError
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+
+from photo_publish.events import MalformedMessage, from_sqs_body
+from photo_publish.models import Photo, PhotoJob
+from photo_publish.queue import SqsQueue
+from photo_publish.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+
+
+def reset_failed(engine: Engine, photo_ids: Sequence[UUID] | None) -> list[UUID]:
+    """Jobs of `processing_failed` photos (the given ones, or all) back to pending, attempt 0."""
+    failed = select(Photo.id).where(Photo.processing_state == "processing_failed")
+    if photo_ids is not None:
+        failed = failed.where(Photo.id.in_(photo_ids))
+    stmt = insert(PhotoJob).from_select(["photo_id"], failed)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[PhotoJob.photo_id],
+        # An active job is somebody's attempt right now: it is left to finish.
+        set_={
+            "status": "pending",
+            "attempt": 0,
+            "next_retry_at": None,
+            "enqueued_at": func.now(),
+            "updated_at": func.now(),
+        },
+        where=PhotoJob.status.in_(("failed", "pending")),
+    )
+    with engine.begin() as connection:
+        return list(connection.scalars(stmt.returning(PhotoJob.photo_id)))
+
+
+def retry(engine: Engine, queue: SqsQueue, photo_ids: Sequence[UUID] | None) -> list[UUID]:
+    """Reset the failed photos' jobs and send one job message each; the ids that were sent."""
+    reset = reset_failed(engine, photo_ids)
+    unsent = set(queue.send_jobs(reset))
+    if unsent:
+        # Left for the sweep: a pending row without a stamp is re-sent once it is due.
+        with engine.begin() as connection:
+            connection.execute(update(PhotoJob).where(PhotoJob.photo_id.in_(unsent)).values(enqueued_at=None))
+    return [photo_id for photo_id in reset if photo_id not in unsent]
+
+
+@dataclass
+class RedriveSummary:
+    photos: list[UUID] = field(default_factory=list)
+    messages_removed: int = 0
+    left_in_queue: int = 0
+    moved_by_task: bool = False
+
+
+def _dead_letters(sqs: SQSClient, url: str) -> list[dict[str, Any]]:
+    """Every message of the dead-letter queue, kept invisible while the redrive works."""
+    messages: list[Any] = []
+    while True:
+        batch = sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=300,
+            WaitTimeSeconds=0,
+            MessageAttributeNames=["All"],
+        ).get("Messages", [])
+        if not batch:
+            return messages
+        messages.extend(batch)
+
+
+def _photo_of(message: dict[str, Any], settings: Settings) -> UUID | None:
+    attribute = message.get("MessageAttributes", {}).get("photoId", {}).get("StringValue")
+    if attribute:
+        return UUID(attribute)
+    try:
+        requests = from_sqs_body(message["Body"], bucket=settings.photo_bucket, stage=settings.stage)
+    except MalformedMessage:
+        return None
+    return requests[0].photo_id if requests else None
+
+
+def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bool = False) -> RedriveSummary:
+    """Retry the photos whose messages sit in the dead-letter queue, then remove those messages.
+
+    With `move_task`, one message per photo is moved back by StartMessageMoveTask (duplicates of a
+    photo are deleted first); where the endpoint lacks it, or by default, a fresh job message per
+    photo is sent and the dead letters are deleted.
+    """
+    queue = SqsQueue(sqs, settings.process_queue_url, settings.dead_letter_queue_url)
+    summary = RedriveSummary()
+    by_photo: dict[UUID, list[dict[str, Any]]] = {}
+    for message in _dead_letters(sqs, settings.dead_letter_queue_url):
+        photo_id = _photo_of(message, settings)
+        if photo_id is None:
+            # Not a photo's message: left for a person to read, visible again.
+            sqs.change_message_visibility(
+                QueueUrl=settings.dead_letter_queue_url,
+                ReceiptHandle=message["ReceiptHandle"],
+                VisibilityTimeout=0,
+            )
+            summary.left_in_queue += 1
+            continue
+        by_photo.setdefault(photo_id, []).append(message)
+
+    photo_ids = list(by_photo)
+    reset = set(reset_failed(engine, photo_ids))
+    with engine.connect() as connection:
+        states = dict(
+            connection.execute(select(Photo.id, Photo.processing_state).where(Photo.id.in_(photo_ids))).all()
+        )
+    # Failed photos were reset; uploaded ones still need a message; published ones need none.
+    to_send = [p for p in photo_ids if p in reset or states.get(p) == "uploaded"]
+    # A photo with no row (an upload the API never registered) stays for a person to look at.
+    unknown = {p for p in photo_ids if p not in states}
+    summary.left_in_queue += sum(len(by_photo[p]) for p in unknown)
+
+    if move_task and to_send and _move_back(sqs, settings, by_photo, to_send):
+        summary.moved_by_task = True
+        summary.photos = to_send
+        return summary
+    unsent = set(queue.send_jobs(to_send))
+    for photo_id, messages in by_photo.items():
+        if photo_id in unsent or photo_id in unknown:
+            continue  # visible again after its timeout, for the next redrive
+        for message in messages:
+            sqs.delete_message(
+                QueueUrl=settings.dead_letter_queue_url, ReceiptHandle=message["ReceiptHandle"]
+            )
+            summary.messages_removed += 1
+    summary.photos = [p for p in to_send if p not in unsent]
+    return summary
+
+
+def _move_back(
+    sqs: SQSClient, settings: Settings, by_photo: dict[UUID, list[dict[str, Any]]], to_send: list[UUID]
+) -> bool:
+    """Keep one dead letter per photo to send, delete the rest, and move the kept ones back."""
+    dead_arn = sqs.get_queue_attributes(QueueUrl=settings.dead_letter_queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    for photo_id, messages in by_photo.items():
+        keep = messages[:1] if photo_id in to_send else []
+        for message in messages[len(keep) :]:
+            sqs.delete_message(
+                QueueUrl=settings.dead_letter_queue_url, ReceiptHandle=message["ReceiptHandle"]
+            )
+        for message in keep:
+            sqs.change_message_visibility(
+                QueueUrl=settings.dead_letter_queue_url,
+                ReceiptHandle=message["ReceiptHandle"],
+                VisibilityTimeout=0,
+            )
+    try:
+        sqs.start_message_move_task(SourceArn=dead_arn)
+    except (ClientError, BotoCoreError, NotImplementedError):
+        return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from photo_publish import bootstrap
+
+    parser = argparse.ArgumentParser(
+        prog="python -m photo_publish.operator", description=__doc__.split("\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    retry_cmd = commands.add_parser("retry", help="retry processing_failed photos")
+    retry_cmd.add_argument("photo_ids", nargs="*", type=UUID)
+    retry_cmd.add_argument("--all", action="store_true", help="every processing_failed photo")
+    redrive_cmd = commands.add_parser("redrive", help="retry the photos in the dead-letter queue")
+    redrive_cmd.add_argument(
+        "--move-task", action="store_true", help="move messages back with StartMessageMoveTask"
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "retry":
+        if not args.photo_ids and not args.all:
+            parser.error("name photo ids, or --all")
+        sent = retry(bootstrap.engine(), bootstrap.queue(), None if args.all else args.photo_ids)
+        print(json.dumps({"retried": [str(p) for p in sent]}))
+    else:
+        summary = redrive(
+            bootstrap.engine(), bootstrap.sqs_client(), bootstrap.settings(), move_task=args.move_task
+        )
+        print(
+            json.dumps(
+                {
+                    "retried": [str(p) for p in summary.photos],
+                    "messagesRemoved": summary.messages_removed,
+                    "leftInQueue": summary.left_in_queue,
+                    "movedByTask": summary.moved_by_task,
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""Every failure path of a delivery ends in a recorded state (SPEC 5), through real parts.
+
+Faults are injected into the real clients (see tests/faults.py); the queue is moto's server, whose
+visibility timeouts and redrive policy decide when a record comes back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import pytest
+from sqlalchemy import Engine, func, select, update
+
+from devkit import handlers, samples, uploads
+from devkit.poller import LambdaContext, Poller, sqs_event
+from photo_publish import bootstrap, operator
+from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from tests.conftest import BUCKET, STAGE, Infra
+from tests.faults import connection_killed, s3_fails
+
+process = handlers.load("process")
+PUBLISH_UPDATE = "UPDATE photos SET processing_state"
+
+
+def poll_until(
+    infra: Infra, done: Callable[[], bool], *, timeout: float = 20, context_seconds: float = 120
+) -> Poller:
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=0)
+    poller.timeout_seconds = context_seconds
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out waiting for the queue"
+        if not poller.poll_once():
+            time.sleep(0.05)
+    return poller
+
+
+def photo(db: Engine, photo_id: UUID) -> tuple[str, str | None, int]:
+    with db.connect() as c:
+        row = c.execute(
+            select(Photo.processing_state, Photo.error_code, Photo.entity_version).where(Photo.id == photo_id)
+        ).one()
+    return row.processing_state, row.error_code, row.entity_version
+
+
+def job(db: Engine, photo_id: UUID) -> tuple[str, int, str | None]:
+    with db.connect() as c:
+        row = c.execute(
+            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(
+                PhotoJob.photo_id == photo_id
+            )
+        ).one()
+    return row.status, row.attempt, row.last_error_code
+
+
+def events(db: Engine, photo_id: UUID) -> int:
+    with db.connect() as c:
+        return (
+            c.scalar(
+                select(func.count()).select_from(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)
+            )
+            or 0
+        )
+
+
+def dead_letters(infra: Infra) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    while batch := infra.sqs.receive_message(
+        QueueUrl=infra.queues.dead_letter_url,
+        MaxNumberOfMessages=10,
+        VisibilityTimeout=30,
+        MessageAttributeNames=["All"],
+    ).get("Messages", []):
+        messages.extend(batch)
+    for m in messages:  # visible again, so the operator's redrive can read them
+        infra.sqs.change_message_visibility(
+            QueueUrl=infra.queues.dead_letter_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    return messages
+
+
+def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg") -> uploads.Upload:
+    return uploads.upload(
+        db, infra.s3, BUCKET, STAGE, file_name=name, data=(samples.IMAGES / name).read_bytes()
+    )
+
+
+def published(db: Engine, photo_id: UUID) -> Callable[[], bool]:
+    return lambda: photo(db, photo_id)[0] == "ready"
+
+
+@pytest.fixture
+def fast(infra: Infra) -> Infra:
+    """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
+    infra.configure(retry_base_seconds=1)
+    return infra
+
+
+# --- one transient failure at each step, then the retry publishes ------------------------------
+
+
+@pytest.mark.parametrize("operation", ["GetObject", "PutObject"])
+def test_an_s3_failure_is_retried_after_its_backoff_and_the_photo_published_once(
+    fast: Infra, db: Engine, operation: str
+) -> None:
+    # GIVEN S3 failing the first read of the original, or the first variant write
+    with s3_fails(bootstrap.s3_client(), operation, times=1) as calls:
+        shot = upload(fast, db)
+
+        # WHEN the notification is delivered and comes back
+        poller = poll_until(fast, published(db, shot.photo_id))
+
+    # THEN the first attempt was recorded as transient and the second published, once
+    code = "STORAGE_READ_FAILED" if operation == "GetObject" else "STORAGE_WRITE_FAILED"
+    assert poller.failed == 1
+    assert job(db, shot.photo_id) == ("done", 2, code)
+    assert photo(db, shot.photo_id) == ("ready", None, 2)
+    assert events(db, shot.photo_id) == 1
+    # AND the record came back after about its backoff (1 s), not the queue's 60 s visibility
+    assert 0.9 < calls[-1] - calls[0] < 5
+
+
+def test_the_second_variant_write_failing_leaves_nothing_half_published(fast: Infra, db: Engine) -> None:
+    # GIVEN S3 accepting the thumb but failing the browse
+    with s3_fails(bootstrap.s3_client(), "PutObject", times=None) as calls:
+        shot = upload(fast, db)
+        poll_until(fast, lambda: job(db, shot.photo_id)[1] == 1 and job(db, shot.photo_id)[0] == "pending")
+    assert len(calls) == 1  # the first write failed: nothing after it ran
+
+    # THEN the photo is not published and nothing was recorded about its variants
+    assert photo(db, shot.photo_id) == ("uploaded", None, 1)
+    assert events(db, shot.photo_id) == 0
+
+
+@pytest.mark.parametrize("fault", ["statement", "commit"])
+def test_the_database_dying_in_the_publish_transaction_is_transient(
+    fast: Infra, db: Engine, engine: Engine, fault: str
+) -> None:
+    # GIVEN the server ending the session at the publish UPDATE, or at the commit
+    shot = upload(fast, db)
+    publishing = lambda statement: statement.startswith(PUBLISH_UPDATE)  # noqa: E731
+    with connection_killed(bootstrap.engine(), engine, publishing, at_commit=fault == "commit") as killed:
+        # WHEN the photo is delivered, and delivered again after the backoff
+        poller = poll_until(fast, published(db, shot.photo_id))
+
+    # THEN the first attempt was lost as DATABASE_UNAVAILABLE, and nothing of it was committed
+    assert killed and poller.failed == 1
+    assert job(db, shot.photo_id) == ("done", 2, "DATABASE_UNAVAILABLE")
+    assert photo(db, shot.photo_id) == ("ready", None, 2)
+    assert events(db, shot.photo_id) == 1
+
+
+def test_an_unreachable_database_returns_the_record_without_spending_an_attempt(
+    fast: Infra, db: Engine
+) -> None:
+    # GIVEN a database that refuses connections
+    shot = upload(fast, db)
+    fast.configure(database_url="postgresql://postgres@127.0.0.1:9/none")
+
+    # WHEN the notification is delivered
+    poller = Poller(fast.sqs, fast.queues.url, fast.queues.arn, process.lambda_handler, wait_seconds=1)
+    poller.poll_once()
+
+    # THEN it is a batch item failure, the job untouched; it comes back once the database is back
+    assert poller.failed == 1
+    assert job(db, shot.photo_id) == ("pending", 0, None)
+    fast.configure(database_url=db.url.render_as_string(hide_password=False))
+    poll_until(fast, published(db, shot.photo_id))
+    assert job(db, shot.photo_id) == ("done", 1, None)
+
+
+def test_a_crash_after_the_commit_redelivers_and_answers_already(infra: Infra, db: Engine) -> None:
+    # GIVEN a published photo whose message was never deleted (the run died after the commit)
+    shot = upload(infra, db)
+    message = infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=2, AttributeNames=["All"])[
+        "Messages"
+    ]
+    process.lambda_handler(sqs_event(message, infra.queues.arn), LambdaContext())
+    infra.sqs.change_message_visibility(
+        QueueUrl=infra.queues.url, ReceiptHandle=message[0]["ReceiptHandle"], VisibilityTimeout=0
+    )
+
+    # WHEN the message is delivered again
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=1)
+    assert poller.poll_once() == 1
+
+    # THEN it is acknowledged as `already`: one event, one version bump
+    assert poller.failed == 0
+    assert photo(db, shot.photo_id) == ("ready", None, 2)
+    assert events(db, shot.photo_id) == 1
+
+
+# --- attempts, the dead-letter queue and the operator ---------------------------------------
+
+
+def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publishes(
+    fast: Infra, db: Engine
+) -> None:
+    # GIVEN S3 unreachable for reads
+    with s3_fails(bootstrap.s3_client(), "GetObject") as calls:
+        shot = upload(fast, db)
+
+        # WHEN the photo is delivered until it is given up
+        poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+
+    # THEN each attempt came back after its backoff (1 s, then 2 s), not the queue's visibility
+    assert len(calls) == 3
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert 0.9 < gaps[0] < 4 and 1.9 < gaps[1] < 5
+    # AND it is a final failure: recorded on the job and the photo, one dead-letter message
+    assert job(db, shot.photo_id) == ("failed", 3, "STORAGE_READ_FAILED")
+    assert photo(db, shot.photo_id) == ("processing_failed", "STORAGE_READ_FAILED", 1)
+    letters = dead_letters(fast)
+    assert len(letters) == 1
+    attributes = {k: v["StringValue"] for k, v in letters[0]["MessageAttributes"].items()}
+    assert attributes == {"photoId": str(shot.photo_id), "attempt": "3", "errorCode": "STORAGE_READ_FAILED"}
+
+    # WHEN S3 is back and the operator redrives the dead-letter queue
+    summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
+    poll_until(fast, published(db, shot.photo_id))
+
+    # THEN the photo is published, the dead letter removed, with one message for the photo
+    assert summary.photos == [shot.photo_id] and summary.messages_removed == 1
+    assert dead_letters(fast) == []
+    assert photo(db, shot.photo_id) == ("ready", None, 2)
+    assert events(db, shot.photo_id) == 1
+
+
+def test_an_operator_retry_of_chosen_photos_sends_one_message_each(fast: Infra, db: Engine) -> None:
+    # GIVEN two photos that failed for good, and one that is published
+    with s3_fails(bootstrap.s3_client(), "GetObject"):
+        failed = [upload(fast, db, "Aqua.jpg"), upload(fast, db, "Garden.jpg")]
+        poll_until(fast, lambda: all(job(db, s.photo_id)[0] == "failed" for s in failed))
+    ok = upload(fast, db, "Storm.jpg")
+    poll_until(fast, published(db, ok.photo_id))
+
+    # WHEN the operator retries all three by id
+    sent = operator.retry(bootstrap.engine(), bootstrap.queue(), [s.photo_id for s in failed] + [ok.photo_id])
+
+    # THEN only the failed ones are reset and sent, once each, and they publish
+    assert sorted(sent) == sorted(s.photo_id for s in failed)
+    poll_until(fast, lambda: all(photo(db, s.photo_id)[0] == "ready" for s in failed))
+    assert [events(db, s.photo_id) for s in failed] == [1, 1]
+
+
+def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a redrive policy that dead-letters at the second receive, and three attempts per job
+    from devkit import stack
+
+    queues = stack.create_queues(
+        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-r2", max_receive_count=2, visibility_timeout=60
+    )
+    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    stack.drop_test_events(infra.sqs, queues.url)
+    infra.queues = queues
+    infra.configure(
+        retry_base_seconds=1,
+        max_receive_count=2,
+        process_queue_url=queues.url,
+        dead_letter_queue_url=queues.dead_letter_url,
+    )
+
+    # WHEN the first two attempts fail transiently (the second at ApproximateReceiveCount 2)
+    with s3_fails(bootstrap.s3_client(), "GetObject", times=2):
+        shot = upload(infra, db)
+        poll_until(infra, published(db, shot.photo_id))
+
+    # THEN a fresh message carried the third attempt, which published; nothing was dead-lettered
+    assert job(db, shot.photo_id) == ("done", 3, "STORAGE_READ_FAILED")
+    assert dead_letters(infra) == []
+
+
+# --- permanent failures and late uploads ---------------------------------------------------
+
+
+def test_a_missing_original_fails_permanently_and_its_late_upload_publishes(infra: Infra, db: Engine) -> None:
+    # GIVEN a photo registered by the API whose original is not in S3, delivered by a job message
+    shot = uploads.register(db, STAGE, "Wood.jpg")
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(shot.photo_id)}))
+    poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+
+    # THEN it failed permanently: no retry, no dead letter
+    assert photo(db, shot.photo_id) == ("processing_failed", "ORIGINAL_NOT_FOUND", 1)
+    assert dead_letters(infra) == []
+
+    # WHEN the original arrives (its upload is new proof that it exists)
+    uploads.put_original(infra.s3, BUCKET, shot.key, (samples.IMAGES / "Wood.jpg").read_bytes())
+    poll_until(infra, published(db, shot.photo_id))
+
+    # THEN the failed job was reopened and the photo published
+    assert job(db, shot.photo_id) == ("done", 1, "ORIGINAL_NOT_FOUND")
+    assert photo(db, shot.photo_id) == ("ready", None, 2)
+
+
+# --- claims that are not this delivery's --------------------------------------------------
+
+
+def test_a_stale_job_with_no_attempts_left_is_a_final_failure_with_worker_lost(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a job whose worker died holding its last attempt
+    shot = uploads.register(db, STAGE, "Aqua.jpg")
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(status="active", attempt=3, claimed_at=func.now() - func.make_interval(0, 0, 0, 0, 0, 10))
+        )
+
+    # WHEN the next delivery arrives
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(shot.photo_id)}))
+    poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+
+    # THEN it is failed with WORKER_LOST, the photo marked, one dead letter, the message acknowledged
+    assert job(db, shot.photo_id) == ("failed", 3, "WORKER_LOST")
+    assert photo(db, shot.photo_id) == ("processing_failed", "WORKER_LOST", 1)
+    assert len(dead_letters(infra)) == 1
+
+
+def test_a_delivery_for_a_job_in_backoff_goes_back_to_the_queue_until_due(infra: Infra, db: Engine) -> None:
+    # GIVEN a job not due for another 2 seconds
+    shot = upload(infra, db)
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(next_retry_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, 2))
+        )
+    started = time.monotonic()
+
+    # WHEN its message is delivered (and again, whenever the queue brings it back)
+    poller = poll_until(infra, published(db, shot.photo_id))
+
+    # THEN it came back when due (not after the queue's 60 s) and published on the first attempt
+    assert poller.failed >= 1
+    assert 1.5 < time.monotonic() - started < 8
+    assert job(db, shot.photo_id) == ("done", 1, None)
+
+
+def test_the_time_budget_releases_a_record_that_cannot_finish(infra: Infra, db: Engine) -> None:
+    # GIVEN a Lambda with less time left than a record needs
+    shot = upload(infra, db)
+
+    # WHEN the record is delivered
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=1)
+    poller.timeout_seconds = infra.settings.record_budget_seconds / 2
+    poller.poll_once()
+
+    # THEN it is returned at once, without spending an attempt
+    assert poller.failed == 1
+    assert job(db, shot.photo_id) == ("pending", 0, None)
+
+
+def test_the_time_budget_between_steps_releases_a_claimed_attempt(infra: Infra, db: Engine) -> None:
+    # GIVEN time enough to start, but not to write the variants and commit after rendering
+    infra.configure(record_budget_seconds=0, commit_budget_seconds=1000, retry_base_seconds=1)
+    shot = upload(infra, db)
+
+    # WHEN the record is delivered
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=1)
+    poller.poll_once()
+
+    # THEN the attempt is released as TIME_BUDGET_EXCEEDED, with nothing written
+    assert poller.failed == 1
+    assert job(db, shot.photo_id) == ("pending", 1, "TIME_BUDGET_EXCEEDED")
+    assert photo(db, shot.photo_id) == ("uploaded", None, 1)
+    prefix = f"{STAGE}/albums/{shot.album_id}/"
+    assert infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("KeyCount") == 0
