@@ -6,13 +6,15 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 
 from devkit import samples, uploads
 from photo_publish.database import create_database_engine
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.queue import SqsQueue
@@ -143,3 +145,49 @@ def test_concurrent_renders_race_the_conditional_publish_and_exactly_one_wins(
     version, events, status, attempt = published_state(db, upload.photo_id)
     assert (version, events, status) == (2, 1, "done")
     assert attempt >= WORKERS
+
+
+@pytest.mark.parametrize("ending", ["finishes", "fails"])
+def test_a_slow_worker_whose_job_was_taken_over_changes_nothing_of_the_job(
+    infra: Infra, db: Engine, engines: list[Engine], ending: str
+) -> None:
+    # GIVEN a worker that claimed the job and is stuck reading the original
+    data = (samples.IMAGES / "Storm.jpg").read_bytes()
+    upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="Storm.jpg", data=data)
+    reached, release = threading.Event(), threading.Event()
+
+    class SlowStore(S3Store):
+        def open_original(self, key: str, max_bytes: int) -> OriginalStream:
+            reached.set()
+            release.wait(30)
+            if ending == "fails":
+                raise PhotoError(ErrorCode.STORAGE_READ_FAILED, "the slow worker's read finally fails")
+            return super().open_original(key, max_bytes)
+
+    queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
+    slow = PhotoService(PhotoRepository(engines[0]), SlowStore(infra.s3, BUCKET), queue, infra.settings)
+    with ThreadPoolExecutor(1) as pool:
+        slow_result = pool.submit(slow.process, PhotoRequest(upload.photo_id))
+        assert reached.wait(30)
+
+        # WHEN its claim goes stale, another delivery takes the job over and publishes
+        with db.begin() as connection:
+            connection.execute(
+                update(PhotoJob)
+                .where(PhotoJob.photo_id == upload.photo_id)
+                .values(claimed_at=func.now() - timedelta(seconds=infra.settings.stale_after_seconds + 1))
+            )
+        fresh = PhotoService(PhotoRepository(engines[1]), S3Store(infra.s3, BUCKET), queue, infra.settings)
+        assert fresh.process(PhotoRequest(upload.photo_id)).outcome is Outcome.PUBLISHED
+        # AND the slow worker finally finishes, or fails
+        release.set()
+        late = slow_result.result(30)
+
+    # THEN nothing it did changed the job: done by attempt 2, no error recorded, one event
+    assert late.outcome in {Outcome.ALREADY, Outcome.SUPERSEDED}
+    assert published_state(db, upload.photo_id) == (2, 1, "done", 2)
+    with db.connect() as connection:
+        assert (
+            connection.scalar(select(PhotoJob.last_error_code).where(PhotoJob.photo_id == upload.photo_id))
+            is None
+        )

@@ -1,0 +1,218 @@
+"""A stateful property test of the job state machine (SPEC 4.1 and 5) on a real PostgreSQL.
+
+Hypothesis interleaves deliveries, duplicates, upload events, transient and permanent failures,
+crashed workers, time passing (stale claims, backoffs running out), sweeps and operator retries
+over a few photos, and checks the invariants after every step. The repository, the service, the
+sweep and libvips are the real ones; the object store and the queue are in-process recordings
+(S3 and SQS are proven through moto's server by the other integration tests).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from sqlalchemy import Engine, func, select, text
+
+from devkit import samples, uploads
+from photo_publish import operator
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.events import PhotoRequest
+from photo_publish.keys import parse_original_key
+from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.repository import PhotoRepository
+from photo_publish.service import Outcome, PhotoService
+from photo_publish.settings import Settings
+from photo_publish.sweep import Sweeper
+from tests.conftest import STAGE, TABLES
+
+PHOTOS = 3
+ORIGINAL = bytes(samples.photograph("LadyBird.jpg").thumbnail_image(96).jpegsave_buffer(Q=85))
+FAULTS = st.sampled_from([None, None, ErrorCode.STORAGE_READ_FAILED, ErrorCode.DECODE_FAILED])
+
+
+@dataclass
+class Store:
+    """The originals, with the next read's fault set by the test."""
+
+    fault: ErrorCode | None = None
+    puts: int = 0
+
+    def open_original(self, key: str, max_bytes: int) -> Any:
+        fault, self.fault = self.fault, None
+        if fault is not None:
+            raise PhotoError(fault, "injected")
+        import io
+
+        return io.BytesIO(ORIGINAL)
+
+    def put_variant(self, key: str, data: bytes, content_type: str) -> None:
+        self.puts += 1
+
+
+@dataclass
+class Queue:
+    """Messages in flight, by photo; what reached the dead-letter queue."""
+
+    inflight: deque[uuid.UUID] = field(default_factory=deque)
+    dead: list[tuple[uuid.UUID, ErrorCode]] = field(default_factory=list)
+
+    def retry_later(self, receipt_handle: str, seconds: float) -> None: ...
+
+    def send_job(self, photo_id: uuid.UUID, delay_seconds: float = 0) -> None:
+        self.inflight.append(photo_id)
+
+    def send_jobs(self, photo_ids: Any) -> list[uuid.UUID]:
+        self.inflight.extend(photo_ids)
+        return []
+
+    def send_dead_letter(self, photo_id: uuid.UUID, attempt: int, code: ErrorCode, detail: str = "") -> None:
+        self.dead.append((photo_id, code))
+
+
+class JobStateMachine(RuleBasedStateMachine):
+    engine: Engine
+    base: Settings
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.engine.begin() as connection:
+            connection.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+        self.settings = self.base.model_copy(
+            update={"retry_base_seconds": 60, "stale_after_seconds": 300, "sweep_after_seconds": 600}
+        )
+        self.store, self.queue = Store(), Queue()
+        self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
+        self.sweeper = Sweeper(self.engine, self.queue, self.settings, batch_size=2)
+        self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
+        self.queue.inflight.extend(p.photo_id for p in self.photos)
+        self.ever_ready: set[uuid.UUID] = set()
+
+    # --- what the world does ------------------------------------------------------------
+
+    def _deliver(self, index: int, fault: ErrorCode | None, *, upload_event: bool = False) -> Outcome:
+        shot = self.photos[index]
+        self.store.fault = fault
+        original = parse_original_key(shot.key, STAGE) if upload_event else None
+        result = self.service.process(PhotoRequest(shot.photo_id, original))
+        self.store.fault = None
+        if result.outcome is Outcome.RETRY:
+            self.queue.inflight.append(shot.photo_id)  # the queue brings the record back
+        return result.outcome
+
+    @rule(index=st.integers(0, PHOTOS - 1), fault=FAULTS)
+    def deliver_a_message(self, index: int, fault: ErrorCode | None) -> None:
+        """A message for the photo (possibly a duplicate: S3 and the sweep may send twice)."""
+        if self.photos[index].photo_id in self.queue.inflight:
+            self.queue.inflight.remove(self.photos[index].photo_id)
+        self._deliver(index, fault)
+
+    @rule(index=st.integers(0, PHOTOS - 1), fault=FAULTS)
+    def deliver_an_upload_event(self, index: int, fault: ErrorCode | None) -> None:
+        self._deliver(index, fault, upload_event=True)
+
+    @rule(index=st.integers(0, PHOTOS - 1))
+    def a_message_is_lost(self, index: int) -> None:
+        """The one thing the queue cannot redeliver: work only the sweep can find again."""
+        if self.photos[index].photo_id in self.queue.inflight:
+            self.queue.inflight.remove(self.photos[index].photo_id)
+
+    @rule(index=st.integers(0, PHOTOS - 1))
+    def a_worker_dies_holding_the_job(self, index: int) -> None:
+        PhotoRepository(self.engine).claim(
+            self.photos[index].photo_id,
+            stale_after=self.settings.stale_after_seconds,
+            max_attempts=self.settings.max_attempts,
+        )
+
+    @rule()
+    def time_passes(self) -> None:
+        """An hour goes by: claims go stale, backoffs run out, sweep leases expire."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "UPDATE photo_jobs SET claimed_at = claimed_at - interval '1 hour',"
+                    " next_retry_at = next_retry_at - interval '1 hour', enqueued_at = enqueued_at - interval '1 hour',"
+                    " created_at = created_at - interval '1 hour'"
+                )
+            )
+
+    @rule()
+    def the_sweep_runs(self) -> None:
+        self.sweeper.run()
+
+    @rule(index=st.integers(0, PHOTOS - 1))
+    def an_operator_retries(self, index: int) -> None:
+        for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
+            self.queue.send_job(photo_id)
+
+    # --- what must always hold ---------------------------------------------------------
+
+    @invariant()
+    def at_most_one_event_and_one_version_bump_per_photo(self) -> None:
+        with self.engine.connect() as connection:
+            events = dict(
+                connection.execute(
+                    select(OutboxEvent.aggregate_id, func.count()).group_by(OutboxEvent.aggregate_id)
+                ).all()
+            )
+            photos = connection.execute(
+                select(Photo.id, Photo.processing_state, Photo.visibility, Photo.entity_version)
+            ).all()
+        for photo in photos:
+            published = events.get(photo.id, 0)
+            assert published <= 1
+            assert photo.entity_version == 1 + published
+            assert (
+                (photo.processing_state == "ready") == (published == 1) == (photo.visibility == "published")
+            )
+            if photo.id in self.ever_ready:
+                assert photo.processing_state == "ready", "a published photo was downgraded"
+            if photo.processing_state == "ready":
+                self.ever_ready.add(photo.id)
+
+    @invariant()
+    def attempts_stay_within_the_limit(self) -> None:
+        with self.engine.connect() as connection:
+            assert connection.scalar(select(func.max(PhotoJob.attempt))) <= self.settings.max_attempts
+
+    def teardown(self) -> None:
+        """With faults gone and time passing, every photo settles: ready or processing_failed."""
+        for _ in range(10):
+            self.time_passes()
+            self.the_sweep_runs()
+            for _ in range(len(self.queue.inflight)):
+                self._deliver(self._index(self.queue.inflight.popleft()), None)
+        with self.engine.connect() as connection:
+            states = connection.execute(select(Photo.processing_state)).scalars().all()
+            jobs = connection.execute(select(PhotoJob.status)).scalars().all()
+        assert set(states) <= {"ready", "processing_failed"}
+        assert not set(jobs) & {"active", "pending"}
+        # Every final failure reached the dead-letter queue; permanent ones did not.
+        with self.engine.connect() as connection:
+            failed = connection.execute(
+                select(PhotoJob.photo_id, PhotoJob.last_error_code).where(PhotoJob.status == "failed")
+            ).all()
+        for photo_id, code in failed:
+            assert ((photo_id, ErrorCode(code)) in self.queue.dead) != ErrorCode(code).permanent
+
+    def _index(self, photo_id: uuid.UUID) -> int:
+        return next(i for i, p in enumerate(self.photos) if p.photo_id == photo_id)
+
+
+@pytest.mark.slow
+def test_the_job_state_machine_keeps_its_invariants(db: Engine, database_url: str) -> None:
+    JobStateMachine.engine = db
+    JobStateMachine.base = Settings(database_url=database_url, photo_bucket="photo-publish-test", stage=STAGE)
+    run_state_machine_as_test(
+        JobStateMachine,
+        settings=settings(
+            max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+        ),
+    )
