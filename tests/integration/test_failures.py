@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -19,6 +20,7 @@ from sqlalchemy import Engine, func, select, update
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
+from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, Photo, PhotoJob
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import connection_killed, s3_fails
@@ -373,3 +375,23 @@ def test_the_time_budget_between_steps_releases_a_claimed_attempt(infra: Infra, 
     assert photo(db, shot.photo_id) == ("uploaded", None, 1)
     prefix = f"{STAGE}/albums/{shot.album_id}/"
     assert infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("KeyCount") == 0
+
+
+def test_an_upload_whose_photo_row_never_appears_is_dead_lettered_after_the_attempts(
+    fast: Infra, db: Engine
+) -> None:
+    # GIVEN an original uploaded under ids the API never registered
+    photo_id = uuid.uuid4()
+    key = original_key(STAGE, uuid.uuid4(), photo_id, "orphan.jpg")
+    uploads.put_original(fast.s3, BUCKET, key, (samples.IMAGES / "Aqua.jpg").read_bytes())
+
+    # WHEN its notification is delivered until it is given up
+    poll_until(fast, lambda: len(dead_letters(fast)) == 1)
+
+    # THEN it was retried (transient) and then dead-lettered once, with the code; no rows appeared
+    letter = dead_letters(fast)[0]
+    assert letter["MessageAttributes"]["errorCode"]["StringValue"] == "PHOTO_NOT_FOUND"
+    assert letter["MessageAttributes"]["photoId"]["StringValue"] == str(photo_id)
+    assert letter["MessageAttributes"]["attempt"]["StringValue"] == "3"
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).select_from(PhotoJob)) == 0
