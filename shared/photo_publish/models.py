@@ -73,6 +73,13 @@ class PhotoJob(Base):
         CheckConstraint(one_of("status", JOB_STATUSES), name="photo_jobs_status_check"),
         CheckConstraint(one_of("last_error_code", ERROR_CODES), name="photo_jobs_last_error_code_check"),
         CheckConstraint("attempt >= 0", name="photo_jobs_attempt_check"),
+        # The sweep's two scans (migration 0002): oldest due pending first, oldest active claim first.
+        Index(
+            "photo_jobs_pending_due_idx",
+            text("coalesce(next_retry_at, created_at)"),
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index("photo_jobs_active_claimed_idx", "claimed_at", postgresql_where=text("status = 'active'")),
     )
 
     photo_id: Mapped[UUID] = mapped_column(ForeignKey("photos.id", ondelete="CASCADE"), primary_key=True)
