@@ -56,6 +56,7 @@ migrate: venv
 
 bench: venv
 	$(BIN)/python -m benchmarks.render
+	$(BIN)/python -m benchmarks.sweep
 
 build: venv
 	$(BIN)/python -m pip install --quiet aws-sam-cli

@@ -16,13 +16,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from sqlalchemy import Engine, func, select
 
 from devkit import handlers, report, samples, stack, uploads
-from devkit.poller import Poller
+from devkit.poller import LambdaContext, Poller
 from photo_publish.database import create_database_engine
 from photo_publish.models import OutboxEvent, Photo
 from photo_publish.settings import Settings
@@ -89,6 +90,76 @@ def outcomes(log_path: Path) -> collections.Counter[str]:
     return tally
 
 
+@dataclass
+class Stack:
+    settings: Settings
+    engine: Engine
+    s3: Any
+    sqs: Any
+    queues: stack.Queues
+
+
+def start_stack(url: str) -> Stack:
+    """Migrations, the queue pair and the bucket's notification, and the functions' environment."""
+    stack.migrate(url)
+    s3, sqs = stack.clients()
+    queues = stack.create_queues(
+        sqs, f"photo-publish-demo-{uuid.uuid4().hex[:6]}", max_receive_count=5, visibility_timeout=60
+    )
+    stack.create_bucket(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    settings = Settings(
+        database_url=url,
+        photo_bucket=BUCKET,
+        stage=STAGE,
+        process_queue_url=queues.url,
+        dead_letter_queue_url=queues.dead_letter_url,
+    )
+    function_environment(settings)
+    return Stack(settings, create_database_engine(settings), s3, sqs, queues)
+
+
+def deliver(local: Stack, count: int, log: TextIO, started: float) -> tuple[float, int]:
+    """The local event source and the sweep's schedule, until every photo has settled."""
+    process, sweep = handlers.load("process"), handlers.load("sweep")
+    # The function logs JSON to stdout, as in Lambda; here it goes to a file beside the report.
+    for handler in logging.getLogger(os.environ["POWERTOOLS_SERVICE_NAME"]).handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(log)
+    poller = Poller(local.sqs, local.queues.url, local.queues.arn, process.lambda_handler, wait_seconds=1)
+    sweeps: list[dict[str, Any]] = []
+    # The sweep on its schedule (rate(1 minute) in the template), as EventBridge would run it.
+    poller.schedule.append(
+        (60.0, lambda: sweeps.append(sweep.lambda_handler({"source": "aws.events"}, LambdaContext(60))))
+    )
+
+    def progress() -> None:
+        state = counts(local.engine)
+        print(
+            f"  [{time.perf_counter() - started:5.1f}s] published {state['ready']}/{count}"
+            f", failed {state['processing_failed']}",
+            file=sys.__stdout__,
+            flush=True,
+        )
+
+    def settled() -> bool:
+        state = counts(local.engine)
+        return state["ready"] + state["processing_failed"] == count
+
+    render_started = time.perf_counter()
+    with redirect_stdout(log):
+        poller.run_until(settled, deadline_seconds=600, on_batch=progress)
+        render_seconds = time.perf_counter() - render_started
+        # A second delivery of every photo, as S3 or the sweep may send: each must answer
+        # `already` (or stay failed) without a new event.
+        with local.engine.connect() as connection:
+            for photo_id in connection.scalars(select(Photo.id)):
+                local.sqs.send_message(
+                    QueueUrl=local.queues.url, MessageBody=json.dumps({"photoId": str(photo_id)})
+                )
+        poller.run_until(lambda: False, deadline_seconds=3)
+    return render_seconds, len(sweeps)
+
+
 def run() -> dict[str, Any]:
     OUTPUT.mkdir(exist_ok=True)
     log_path = OUTPUT / "functions.log"
@@ -96,80 +167,40 @@ def run() -> dict[str, Any]:
     print(f"photo-publish demo: {len(photos)} photos", flush=True)
     with stack.database(ROOT / ".local" / "postgres", name="photo_publish_demo") as url, stack.aws_endpoint():
         started = time.perf_counter()
-        stack.migrate(url)
-        s3, sqs = stack.clients()
-        name = f"photo-publish-demo-{uuid.uuid4().hex[:6]}"
-        queues = stack.create_queues(sqs, name, max_receive_count=5, visibility_timeout=60)
-        stack.create_bucket(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
-        settings = Settings(
-            database_url=url,
-            photo_bucket=BUCKET,
-            stage=STAGE,
-            process_queue_url=queues.url,
-            dead_letter_queue_url=queues.dead_letter_url,
-        )
-        function_environment(settings)
-        engine = create_database_engine(settings)
+        local = start_stack(url)
         print(f"  stack ready in {time.perf_counter() - started:.1f}s (PostgreSQL, S3, SQS)", flush=True)
 
         album_id = uuid.uuid4()
-        registered = {}
+        names = {}
         for file_name, data in photos:
-            upload = uploads.upload(
-                engine, s3, BUCKET, STAGE, file_name=file_name, data=data, album_id=album_id
+            shot = uploads.upload(
+                local.engine, local.s3, BUCKET, STAGE, file_name=file_name, data=data, album_id=album_id
             )
-            registered[upload.photo_id] = file_name
+            names[shot.photo_id] = file_name
         print(f"  uploaded {len(photos)} originals to s3://{BUCKET}/{STAGE}/originals/", flush=True)
 
-        process = handlers.load("process")
-        # The function logs JSON to stdout, as in Lambda; here it goes to a file beside the report.
-        with log_path.open("w") as log, redirect_stdout(log):
-            for handler in logging.getLogger(os.environ["POWERTOOLS_SERVICE_NAME"]).handlers:
-                if isinstance(handler, logging.StreamHandler):
-                    handler.setStream(log)
-            poller = Poller(sqs, queues.url, queues.arn, process.lambda_handler, wait_seconds=1)
-            render_started = time.perf_counter()
-
-            def progress() -> None:
-                state = counts(engine)
-                print(
-                    f"  [{time.perf_counter() - started:5.1f}s] published {state['ready']}/{len(photos)}"
-                    f", failed {state['processing_failed']}",
-                    file=sys.__stdout__,
-                    flush=True,
-                )
-
-            def settled() -> bool:
-                state = counts(engine)
-                return state["ready"] + state["processing_failed"] == len(photos)
-
-            poller.run_until(settled, deadline_seconds=600, on_batch=progress)
-            render_seconds = time.perf_counter() - render_started
-            # A second delivery of every photo, as S3 or the sweep may send: each must answer
-            # `already` (or stay failed) without a new event.
-            for photo_id in registered:
-                sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(photo_id)}))
-            poller.run_until(lambda: False, deadline_seconds=3)
-
+        with log_path.open("w") as log:
+            render_seconds, sweeps = deliver(local, len(photos), log, started)
         wall = time.perf_counter() - started
-        with engine.connect() as connection:
+
+        with local.engine.connect() as connection:
             events = connection.scalar(select(func.count()).select_from(OutboxEvent)) or 0
-        page = report.write(OUTPUT, engine, s3, BUCKET, registered)
-        state = counts(engine)
+        page = report.write(OUTPUT, local.engine, local.s3, BUCKET, names)
         delivered = outcomes(log_path)
         summary = {
             "photos": len(photos),
-            "published": state["ready"],
+            "published": counts(local.engine)["ready"],
             "already": delivered["already"],
-            "failed": report.failures(engine),
+            "failed": report.failures(local.engine),
             "outboxEvents": events,
             "deliveries": dict(delivered),
+            "sweeps": sweeps,
             "wallSeconds": round(wall, 2),
             "renderSeconds": round(render_seconds, 2),
             "photosPerSecond": round(len(photos) / render_seconds, 2),
         }
         (OUTPUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        engine.dispose()
+        local.engine.dispose()
     print(
         f"  done in {wall:.1f}s: {summary['published']} published, failed {summary['failed']}, "
         f"{summary['already']} duplicate deliveries answered 'already', {events} outbox events"

@@ -80,6 +80,16 @@ class Poller:
     timeout_seconds: float = 120.0
     received: int = 0
     failed: int = 0
+    # Scheduled functions (the sweep's EventBridge rule): (every seconds, function), run when due.
+    schedule: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    _next_runs: dict[int, float] = field(default_factory=dict, repr=False)
+
+    def run_scheduled(self) -> None:
+        now = time.monotonic()
+        for index, (every, function) in enumerate(self.schedule):
+            if now >= self._next_runs.get(index, now):
+                self._next_runs[index] = now + every
+                function()
 
     def poll_once(self) -> int:
         """One receive, one invocation; the number of records the handler saw."""
@@ -118,6 +128,7 @@ class Poller:
         """Poll until `finished()` holds or the deadline passes; True if it finished."""
         deadline = time.monotonic() + deadline_seconds
         while time.monotonic() < deadline:
+            self.run_scheduled()
             if self.poll_once() and on_batch is not None:
                 on_batch()
             if finished():

@@ -12,8 +12,8 @@ from sqlalchemy import Engine, event, text
 
 
 @contextmanager
-def s3_fails(client: Any, operation: str, *, times: int | None = None) -> Iterator[list[float]]:
-    """`operation` (e.g. "GetObject") fails as if S3 were unreachable, the first `times` calls.
+def aws_fails(client: Any, operation: str, *, times: int | None = None) -> Iterator[list[float]]:
+    """`operation` (e.g. "GetObject") fails as if the service were unreachable, the first `times` calls.
 
     Raised from `before-call`, once per API call (before botocore's own retries), so each failure
     is one the service sees. Yields the times of the calls, failed or not.
@@ -23,9 +23,9 @@ def s3_fails(client: Any, operation: str, *, times: int | None = None) -> Iterat
     def hook(**_: Any) -> None:
         calls.append(time.monotonic())
         if times is None or len(calls) <= times:
-            raise EndpointConnectionError(endpoint_url="http://s3.unreachable")
+            raise EndpointConnectionError(endpoint_url="http://unreachable.invalid")
 
-    name = f"before-call.s3.{operation}"
+    name = f"before-call.{client.meta.service_model.service_name}.{operation}"
     client.meta.events.register(name, hook)
     try:
         yield calls

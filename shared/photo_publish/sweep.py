@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
 
-from sqlalchemy import Engine, and_, case, func, or_, select, update
+from sqlalchemy import Engine, and_, case, func, literal_column, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from photo_publish.errors import ErrorCode
@@ -89,7 +89,8 @@ class Sweeper:
         due = (
             select(PhotoJob.photo_id)
             .where(
-                PhotoJob.status == "pending",
+                # Literal, not a bound parameter: a generic plan must still see the partial index.
+                PhotoJob.status == literal_column("'pending'"),
                 due_at < now - wait,
                 or_(PhotoJob.enqueued_at.is_(None), PhotoJob.enqueued_at < now - wait),
             )
@@ -115,7 +116,7 @@ class Sweeper:
         stale = (
             select(PhotoJob.photo_id)
             .where(
-                PhotoJob.status == "active",
+                PhotoJob.status == literal_column("'active'"),
                 PhotoJob.claimed_at < now - timedelta(seconds=self._settings.stale_after_seconds),
             )
             .order_by(PhotoJob.claimed_at)

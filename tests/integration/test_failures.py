@@ -23,7 +23,7 @@ from photo_publish import bootstrap, operator
 from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, Photo, PhotoJob
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.faults import connection_killed, s3_fails
+from tests.faults import aws_fails, connection_killed
 
 process = handlers.load("process")
 PUBLISH_UPDATE = "UPDATE photos SET processing_state"
@@ -111,7 +111,7 @@ def test_an_s3_failure_is_retried_after_its_backoff_and_the_photo_published_once
     fast: Infra, db: Engine, operation: str
 ) -> None:
     # GIVEN S3 failing the first read of the original, or the first variant write
-    with s3_fails(bootstrap.s3_client(), operation, times=1) as calls:
+    with aws_fails(bootstrap.s3_client(), operation, times=1) as calls:
         shot = upload(fast, db)
 
         # WHEN the notification is delivered and comes back
@@ -129,7 +129,7 @@ def test_an_s3_failure_is_retried_after_its_backoff_and_the_photo_published_once
 
 def test_the_second_variant_write_failing_leaves_nothing_half_published(fast: Infra, db: Engine) -> None:
     # GIVEN S3 accepting the thumb but failing the browse
-    with s3_fails(bootstrap.s3_client(), "PutObject", times=None) as calls:
+    with aws_fails(bootstrap.s3_client(), "PutObject", times=None) as calls:
         shot = upload(fast, db)
         poll_until(fast, lambda: job(db, shot.photo_id)[1] == 1 and job(db, shot.photo_id)[0] == "pending")
     assert len(calls) == 1  # the first write failed: nothing after it ran
@@ -204,7 +204,7 @@ def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publish
     fast: Infra, db: Engine
 ) -> None:
     # GIVEN S3 unreachable for reads
-    with s3_fails(bootstrap.s3_client(), "GetObject") as calls:
+    with aws_fails(bootstrap.s3_client(), "GetObject") as calls:
         shot = upload(fast, db)
 
         # WHEN the photo is delivered until it is given up
@@ -235,7 +235,7 @@ def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publish
 
 def test_an_operator_retry_of_chosen_photos_sends_one_message_each(fast: Infra, db: Engine) -> None:
     # GIVEN two photos that failed for good, and one that is published
-    with s3_fails(bootstrap.s3_client(), "GetObject"):
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
         failed = [upload(fast, db, "Aqua.jpg"), upload(fast, db, "Garden.jpg")]
         poll_until(fast, lambda: all(job(db, s.photo_id)[0] == "failed" for s in failed))
     ok = upload(fast, db, "Storm.jpg")
@@ -270,7 +270,7 @@ def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
     )
 
     # WHEN the first two attempts fail transiently (the second at ApproximateReceiveCount 2)
-    with s3_fails(bootstrap.s3_client(), "GetObject", times=2):
+    with aws_fails(bootstrap.s3_client(), "GetObject", times=2):
         shot = upload(infra, db)
         poll_until(infra, published(db, shot.photo_id))
 

@@ -1,0 +1,226 @@
+"""The sweep (SPEC 7) on a real PostgreSQL, sending to moto's SQS."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, insert, select, update
+
+from devkit import handlers, samples, uploads
+from devkit.poller import LambdaContext, Poller
+from photo_publish import bootstrap
+from photo_publish.database import create_database_engine
+from photo_publish.models import Photo, PhotoJob
+from photo_publish.queue import SqsQueue
+from photo_publish.sweep import Sweeper
+from tests.conftest import BUCKET, STAGE, Infra
+from tests.faults import aws_fails
+
+MINUTE = timedelta(minutes=1)
+
+
+def jobs(db: Engine, count: int, **values: Any) -> list[uuid.UUID]:
+    """`count` photos with their jobs, the jobs' columns set as given (timestamps relative to now)."""
+    ids = [uuid.uuid4() for _ in range(count)]
+    with db.begin() as c:
+        c.execute(
+            insert(Photo),
+            [
+                {"id": i, "album_id": uuid.uuid4(), "original_key": f"{STAGE}/originals/albums/x/{i}/p.jpg"}
+                for i in ids
+            ],
+        )
+        c.execute(insert(PhotoJob), [{"photo_id": i} for i in ids])
+        if values:
+            c.execute(update(PhotoJob).where(PhotoJob.photo_id.in_(ids)).values(**values))
+    return ids
+
+
+def ago(delta: timedelta) -> Any:
+    return func.now() - delta
+
+
+def sent(infra: Infra, url: str | None = None) -> Counter[uuid.UUID]:
+    """Every job message in the queue, by photo (received and deleted)."""
+    count: Counter[uuid.UUID] = Counter()
+    while messages := infra.sqs.receive_message(QueueUrl=url or infra.queues.url, MaxNumberOfMessages=10).get(
+        "Messages", []
+    ):
+        for m in messages:
+            count[uuid.UUID(json.loads(m["Body"])["photoId"])] += 1
+            infra.sqs.delete_message(QueueUrl=url or infra.queues.url, ReceiptHandle=m["ReceiptHandle"])
+    return count
+
+
+def sweeper(infra: Infra, engine: Engine | None = None, batch_size: int = 500) -> Sweeper:
+    queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
+    return Sweeper(engine or bootstrap.engine(), queue, infra.settings, batch_size=batch_size)
+
+
+def test_due_pending_rows_are_sent_once_and_rows_in_their_grace_are_left_alone(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN pending rows due for longer than SWEEP_AFTER_SECONDS (10 min), and rows inside it
+    due = jobs(db, 3, created_at=ago(20 * MINUTE)) + jobs(db, 2, next_retry_at=ago(15 * MINUTE))
+    jobs(db, 2)  # a new upload: its own message is on its way
+    jobs(db, 2, created_at=ago(20 * MINUTE), next_retry_at=ago(5 * MINUTE))  # the queue's retry comes first
+    jobs(db, 2, created_at=ago(20 * MINUTE), next_retry_at=func.now() + MINUTE)  # still in backoff
+    jobs(db, 2, status="done", created_at=ago(60 * MINUTE))
+
+    # WHEN the sweep runs, and runs again inside the lease
+    first = sweeper(infra).run()
+    second = sweeper(infra).run()
+
+    # THEN the due rows were sent once, stamped, and nothing else was sent
+    assert first.resent_pending == 5 and second.resent_pending == 0
+    assert sent(infra) == Counter(dict.fromkeys(due, 1))
+    with db.connect() as c:
+        stamped = set(c.scalars(select(PhotoJob.photo_id).where(PhotoJob.enqueued_at.is_not(None))))
+    assert stamped == set(due)
+
+    # WHEN the lease runs out with the rows still pending (their messages were lost again)
+    with db.begin() as c:
+        c.execute(update(PhotoJob).where(PhotoJob.photo_id.in_(due)).values(enqueued_at=ago(11 * MINUTE)))
+    third = sweeper(infra).run()
+
+    # THEN they are sent again
+    assert third.resent_pending == 5
+    assert sent(infra) == Counter(dict.fromkeys(due, 1))
+
+
+def test_a_row_whose_message_failed_to_send_is_sent_by_a_later_run(infra: Infra, db: Engine) -> None:
+    # GIVEN due rows and SQS refusing the batch
+    due = jobs(db, 12, created_at=ago(20 * MINUTE))
+    with aws_fails(infra.sqs, "SendMessageBatch"):
+        # WHEN the sweep runs
+        failed = sweeper(infra).run()
+
+    # THEN nothing counts as sent and the stamps were cleared
+    assert (failed.resent_pending, failed.send_failed) == (0, 12)
+    with db.connect() as c:
+        assert (
+            c.scalar(select(func.count()).select_from(PhotoJob).where(PhotoJob.enqueued_at.is_not(None))) == 0
+        )
+
+    # WHEN a later run finds SQS back
+    later = sweeper(infra).run()
+
+    # THEN every row is sent, once
+    assert later.resent_pending == 12
+    assert sent(infra) == Counter(dict.fromkeys(due, 1))
+
+
+class RecordingQueue:
+    """Records sends from both sweeps. moto's SendMessage is O(queue length) per message, which
+    makes thousands of messages take minutes; what is under test here is the database's locking."""
+
+    def __init__(self) -> None:
+        self.sent: Counter[uuid.UUID] = Counter()
+        self._lock = threading.Lock()
+
+    def send_jobs(self, photo_ids: Any) -> list[uuid.UUID]:
+        with self._lock:
+            self.sent.update(photo_ids)
+        return []
+
+    def send_dead_letter(self, *args: Any) -> None:
+        raise AssertionError("no dead letter expected")
+
+
+def test_two_sweeps_at_once_never_send_the_same_row_twice(infra: Infra, db: Engine) -> None:
+    # GIVEN thousands of due rows, and two sweeps on separate connections, in small batches
+    due = jobs(db, 3000, created_at=ago(20 * MINUTE))
+    engines = [create_database_engine(infra.settings) for _ in range(2)]
+    queue, start = RecordingQueue(), threading.Barrier(2)
+
+    def run(engine: Engine) -> int:
+        start.wait()
+        return Sweeper(engine, queue, infra.settings, batch_size=50).run().resent_pending
+
+    # WHEN they run at the same moment
+    with ThreadPoolExecutor(2) as pool:
+        counts = list(pool.map(run, engines))
+    for engine in engines:
+        engine.dispose()
+
+    # THEN each row was sent exactly once between them, and both did part of the work
+    assert sum(counts) == len(due)
+    assert min(counts) > 0
+    assert queue.sent == Counter(dict.fromkeys(due, 1))
+
+
+def test_stale_active_rows_are_re_sent_or_failed_with_worker_lost(infra: Infra, db: Engine) -> None:
+    # GIVEN jobs whose workers died: with attempts left, with none left, and one whose photo is published
+    retry = jobs(db, 2, status="active", attempt=1, claimed_at=ago(10 * MINUTE))
+    lost = jobs(db, 1, status="active", attempt=3, claimed_at=ago(10 * MINUTE))
+    published = jobs(db, 1, status="active", attempt=3, claimed_at=ago(10 * MINUTE))
+    fresh = jobs(db, 1, status="active", attempt=1, claimed_at=ago(MINUTE))
+    with db.begin() as c:
+        c.execute(
+            update(Photo)
+            .where(Photo.id.in_(published))
+            .values(processing_state="ready", visibility="published")
+        )
+
+    # WHEN the sweep runs
+    summary = sweeper(infra).run()
+
+    # THEN the retriable ones are pending again, stamped and sent; the exhausted ones failed
+    assert (summary.resent_stale, summary.worker_lost) == (2, 2)
+    assert sent(infra) == Counter(dict.fromkeys(retry, 1))
+    with db.connect() as c:
+        status = dict(c.execute(select(PhotoJob.photo_id, PhotoJob.status)).all())
+        photo = dict(c.execute(select(Photo.id, Photo.processing_state)).all())
+    assert [status[i] for i in retry + lost + published + fresh] == [
+        "pending",
+        "pending",
+        "failed",
+        "failed",
+        "active",
+    ]
+    assert photo[lost[0]] == "processing_failed"
+    assert photo[published[0]] == "ready"  # never downgraded
+    # AND each final failure has its dead letter
+    letters = sent(infra, infra.queues.dead_letter_url)
+    assert letters == Counter(dict.fromkeys(lost + published, 1))
+
+
+def test_a_photo_whose_message_was_lost_is_published_after_a_sweep(infra: Infra, db: Engine) -> None:
+    # GIVEN an upload whose notification was lost, long enough ago for the sweep to look at it
+    shot = uploads.upload(
+        db, infra.s3, BUCKET, STAGE, file_name="Garden.jpg", data=(samples.IMAGES / "Garden.jpg").read_bytes()
+    )
+    gone = infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=2)["Messages"]
+    infra.sqs.delete_message(QueueUrl=infra.queues.url, ReceiptHandle=gone[0]["ReceiptHandle"])
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob).where(PhotoJob.photo_id == shot.photo_id).values(created_at=ago(11 * MINUTE))
+        )
+
+    # WHEN the scheduled sweep function runs, and the queue's messages reach the process function
+    result = handlers.load("sweep").lambda_handler(
+        {"source": "aws.events"}, LambdaContext(timeout_seconds=60)
+    )
+    poller = Poller(
+        infra.sqs, infra.queues.url, infra.queues.arn, handlers.load("process").lambda_handler, wait_seconds=1
+    )
+    poller.poll_once()
+
+    # THEN the sweep reported what it sent and the photo is published
+    assert result["resentPending"] == 1
+    with db.connect() as c:
+        assert c.scalar(select(Photo.processing_state).where(Photo.id == shot.photo_id)) == "ready"
+
+
+def test_the_sweep_stops_when_its_time_budget_is_spent(infra: Infra, db: Engine) -> None:
+    jobs(db, 5, created_at=ago(20 * MINUTE))
+
+    summary = sweeper(infra).run(lambda: 1.0)
+
+    assert summary.out_of_time and summary.resent_pending == 0
