@@ -395,3 +395,24 @@ def test_an_upload_whose_photo_row_never_appears_is_dead_lettered_after_the_atte
     assert letter["MessageAttributes"]["attempt"]["StringValue"] == "3"
     with db.connect() as c:
         assert c.scalar(select(func.count()).select_from(PhotoJob)) == 0
+
+
+def test_a_redrive_asked_to_move_messages_falls_back_to_sending_where_the_endpoint_cannot(
+    fast: Infra, db: Engine
+) -> None:
+    # GIVEN a photo given up after its attempts, and a second dead letter for it (a redriven one)
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        shot = upload(fast, db)
+        poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+    fast.sqs.send_message(
+        QueueUrl=fast.queues.dead_letter_url, MessageBody=json.dumps({"photoId": str(shot.photo_id)})
+    )
+
+    # WHEN the operator redrives with StartMessageMoveTask, which moto does not implement
+    summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings, move_task=True)
+    poll_until(fast, published(db, shot.photo_id))
+
+    # THEN it fell back to one job message for the photo, and both dead letters are gone
+    assert not summary.moved_by_task and summary.photos == [shot.photo_id]
+    assert dead_letters(fast) == []
+    assert events(db, shot.photo_id) == 1
