@@ -12,8 +12,11 @@ from sqlalchemy import Engine, event, text
 
 
 @contextmanager
-def aws_fails(client: Any, operation: str, *, times: int | None = None) -> Iterator[list[float]]:
-    """`operation` (e.g. "GetObject") fails as if the service were unreachable, the first `times` calls.
+def aws_fails(
+    client: Any, operation: str, *, times: int | None = None, after: int = 0
+) -> Iterator[list[float]]:
+    """`operation` (e.g. "GetObject") fails as if the service were unreachable: `times` calls (all,
+    if None) after the first `after` ones.
 
     Raised from `before-call`, once per API call (before botocore's own retries), so each failure
     is one the service sees. Yields the times of the calls, failed or not.
@@ -22,7 +25,7 @@ def aws_fails(client: Any, operation: str, *, times: int | None = None) -> Itera
 
     def hook(**_: Any) -> None:
         calls.append(time.monotonic())
-        if times is None or len(calls) <= times:
+        if len(calls) > after and (times is None or len(calls) <= after + times):
             raise EndpointConnectionError(endpoint_url="http://unreachable.invalid")
 
     name = f"before-call.{client.meta.service_model.service_name}.{operation}"

@@ -128,15 +128,48 @@ def test_an_s3_failure_is_retried_after_its_backoff_and_the_photo_published_once
 
 
 def test_the_second_variant_write_failing_leaves_nothing_half_published(fast: Infra, db: Engine) -> None:
-    # GIVEN S3 accepting the thumb but failing the browse
-    with aws_fails(bootstrap.s3_client(), "PutObject", times=None) as calls:
+    # GIVEN S3 accepting the first variant's write and failing the second's, once
+    with aws_fails(bootstrap.s3_client(), "PutObject", times=1, after=1) as calls:
         shot = upload(fast, db)
-        poll_until(fast, lambda: job(db, shot.photo_id)[1] == 1 and job(db, shot.photo_id)[0] == "pending")
-    assert len(calls) == 1  # the first write failed: nothing after it ran
 
-    # THEN the photo is not published and nothing was recorded about its variants
-    assert photo(db, shot.photo_id) == ("uploaded", None, 1)
-    assert events(db, shot.photo_id) == 0
+        # WHEN the photo is delivered
+        poll_until(fast, lambda: job(db, shot.photo_id)[:2] == ("pending", 1))
+
+        # THEN the attempt is released; the photo is not published and no variant row exists
+        assert len(calls) == 2
+        assert job(db, shot.photo_id) == ("pending", 1, "STORAGE_WRITE_FAILED")
+        assert photo(db, shot.photo_id) == ("uploaded", None, 1)
+        assert events(db, shot.photo_id) == 0
+
+        # AND the retry writes both (the same keys again) and publishes once
+        poll_until(fast, published(db, shot.photo_id))
+    assert len(calls) == 4
+    assert events(db, shot.photo_id) == 1
+
+
+def test_an_unexpected_error_while_rendering_is_retried(
+    fast: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the renderer failing once in a way nobody planned for (a bug, memory)
+    from photo_publish import service
+
+    real, failures = service.render, []
+
+    def render_once_failing(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise MemoryError("injected")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "render", render_once_failing)
+    shot = upload(fast, db)
+
+    # WHEN the photo is delivered, and again after its backoff
+    poll_until(fast, published(db, shot.photo_id))
+
+    # THEN the first attempt was recorded as UNEXPECTED_ERROR (transient) and the second published
+    assert job(db, shot.photo_id) == ("done", 2, "UNEXPECTED_ERROR")
+    assert events(db, shot.photo_id) == 1
 
 
 @pytest.mark.parametrize("fault", ["statement", "commit"])
