@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch import process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from photo_publish import bootstrap
 from photo_publish.events import is_s3_event
 from photo_publish.observability import logger, metrics, tracer
-
-# A batch whose every record failed is still a partial response, not a function error: each
-# record's visibility is already set, and errors are an alarm for crashes, not for bad photos.
-processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 
 
 def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
@@ -41,5 +37,5 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         )
         return {"results": [{"photoId": str(r.photo_id), "outcome": r.outcome} for r in results]}
     return process_partial_response(
-        event=event, record_handler=record_handler, processor=processor, context=context
+        event=event, record_handler=record_handler, processor=bootstrap.batch_processor(), context=context
     )

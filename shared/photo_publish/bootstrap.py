@@ -11,7 +11,7 @@ from botocore.config import Config
 from sqlalchemy import Engine
 
 from photo_publish.database import create_database_engine
-from photo_publish.delivery import Delivery
+from photo_publish.delivery import ConcurrentBatchProcessor, Delivery
 from photo_publish.queue import SqsQueue
 from photo_publish.repository import PhotoRepository
 from photo_publish.service import PhotoService
@@ -74,11 +74,16 @@ def delivery(metrics: Metrics) -> Delivery:
 
 
 @cache
+def batch_processor() -> ConcurrentBatchProcessor:
+    return ConcurrentBatchProcessor(workers=settings().record_concurrency)
+
+
+@cache
 def sweeper() -> Sweeper:
     return Sweeper(engine(), queue(), settings())
 
 
 def reset() -> None:
     """Forget every client (tests that change the environment between cases)."""
-    for factory in (settings, s3_client, sqs_client, engine, queue, delivery, sweeper):
+    for factory in (settings, s3_client, sqs_client, engine, queue, delivery, batch_processor, sweeper):
         factory.cache_clear()

@@ -48,7 +48,7 @@ def create_database_engine(settings: Settings, read_secret: Callable[[str], str]
         # Pinned, not inherited: the conditional updates rely on READ COMMITTED's re-check of the
         # WHERE clause after a concurrent commit.
         isolation_level="READ COMMITTED",
-        pool_size=settings.db_pool_size,
+        pool_size=settings.record_concurrency,
         max_overflow=0,
         pool_pre_ping=True,
         # A frozen Lambda container wakes with connections the proxy or server may have closed.

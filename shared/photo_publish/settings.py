@@ -20,8 +20,6 @@ class Settings(BaseModel):
     # RDS Proxy pins a session that uses server-side prepared statements: psycopg's automatic
     # preparation is turned off behind it.
     db_prepare_statements: bool = True
-    # Records of a batch are worked on side by side, each needing a connection at its commit.
-    db_pool_size: int = Field(2, ge=1)
 
     photo_bucket: str = Field(min_length=3)
     stage: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
@@ -41,6 +39,8 @@ class Settings(BaseModel):
     webp_quality: int = Field(80, ge=1, le=100)
     webp_effort: int = Field(4, ge=0, le=6)
     variant_version: int = Field(1, ge=1)
+    # Records of a batch worked on side by side (each holds one database connection at a time).
+    record_concurrency: int = Field(2, ge=1, le=10)
     # Seconds a record needs, at least, to finish once it starts, and to commit once rendered.
     record_budget_seconds: float = Field(20.0, ge=0)
     commit_budget_seconds: float = Field(5.0, ge=0)

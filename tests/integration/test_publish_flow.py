@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from typing import Any
@@ -11,6 +12,7 @@ from sqlalchemy import Engine, func, insert, select
 
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
+from photo_publish import bootstrap
 from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from tests.conftest import BUCKET, STAGE, Infra
@@ -177,3 +179,24 @@ def test_an_upload_that_races_the_apis_insert_is_retried_until_the_row_exists(
 
     # THEN the photo is published
     assert row(db, Photo, registered.photo_id).processing_state == "ready"
+
+
+def test_the_records_of_a_batch_are_worked_on_side_by_side(infra: Infra, db: Engine) -> None:
+    # GIVEN four uploads waiting in the queue, and two records at a time allowed
+    threads: set[int] = set()
+    bootstrap.s3_client().meta.events.register(
+        "before-call.s3.GetObject", lambda **_: threads.add(threading.get_ident())
+    )
+    shots = [
+        uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=n, data=(samples.IMAGES / n).read_bytes())
+        for n in ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg")
+    ]
+    time.sleep(0.5)  # let every notification reach the queue, so that one receive takes them all
+
+    # WHEN one batch carries them to the handler
+    poller = drain(infra)
+
+    # THEN all are published, and two workers read the originals
+    assert poller.failed == 0
+    assert {row(db, Photo, s.photo_id).processing_state for s in shots} == {"ready"}
+    assert len(threads) == infra.settings.record_concurrency == 2
