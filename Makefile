@@ -57,6 +57,7 @@ migrate: venv
 bench: venv
 	$(BIN)/python -m benchmarks.render
 	$(BIN)/python -m benchmarks.sweep
+	$(BIN)/python -m benchmarks.heic
 
 build: venv
 	$(BIN)/python -m pip install --quiet aws-sam-cli

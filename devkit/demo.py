@@ -57,6 +57,7 @@ def demo_photos() -> Iterator[tuple[str, bytes]]:
         samples.alpha_png(samples.photograph("YellowFlower.jpg").thumbnail_image(1200)),
     )
     yield "Aqua, animated.gif", samples.animated_gif(samples.photograph("Aqua.jpg"))
+    yield "IMG_0001.HEIC", samples.heic(samples.photograph("Wood.jpg"), 6, profile="p3")
     yield "Broken upload.jpg", samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes())
 
 

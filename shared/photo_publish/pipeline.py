@@ -2,6 +2,10 @@
 
 Decode once: the original is read once, shrunk on load to browse size and kept in memory; the
 thumb is made from that small image, so nothing reads the stream a second time.
+
+HEVC-coded HEIF (phone photos) is the one exception to streaming: libvips reads its header, but
+pi-heif decodes its pixels from the whole file in memory (see heic.py); from the decoded picture on,
+it is the same pipeline.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Protocol
 
 import pyvips
 
+from photo_publish import heic
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import VariantKind
 
@@ -29,6 +34,9 @@ ALLOWED_LOADERS = frozenset(
 _PLAIN = frozenset({"srgb", "b-w", "rgb16", "grey16"})
 # EXIF orientations 5-8 turn the picture a quarter: the displayed size swaps width and height.
 _TRANSPOSING = frozenset({5, 6, 7, 8})
+# The one loader whose files may need their bytes again after the header (for pi-heif).
+_HEIF = "heifload_source"
+_CHUNK = 1 << 20
 
 # Untrusted loaders (matload, magick, ...) are not for user uploads.
 pyvips.block_untrusted_set(True)
@@ -74,10 +82,16 @@ class _StreamSource:
 
     libvips sees a failed read only as an early end of file; the error that caused it (a storage
     fault, the byte limit) is what the caller must hear about.
+
+    It also keeps what it reads, until told to keep nothing: an HEVC HEIF is known as one only from
+    its header, after libvips has read from the forward-only stream, and pi-heif then needs the
+    whole file. Kept bytes plus the rest of the stream are that file, read once. Every other format
+    stops keeping after the few bytes that libvips sniffs (an AVIF, after its header).
     """
 
     def __init__(self, stream: Readable) -> None:
         self._stream = stream
+        self._kept: bytearray | None = bytearray()
         self.error: PhotoError | None = None
         self.source = pyvips.SourceCustom()
         self.source.on_read(self._read)
@@ -86,12 +100,30 @@ class _StreamSource:
         if self.error is not None:
             return b""
         try:
-            return self._stream.read(size)
+            chunk = self._stream.read(size)
         except PhotoError as error:
             self.error = error
         except Exception as error:
             self.error = PhotoError(ErrorCode.STORAGE_READ_FAILED, repr(error))
+        else:
+            if self._kept is not None:
+                self._kept += chunk
+            return chunk
         return b""
+
+    def keep_nothing(self) -> None:
+        self._kept = None
+
+    def read_all(self) -> bytes:
+        """The whole original: what libvips has read so far, then the rest of the stream."""
+        if self._kept is None:
+            raise RuntimeError("the bytes read so far were not kept")
+        while self._read(_CHUNK):
+            pass
+        if self.error is not None:
+            raise self.error
+        data, self._kept = bytes(self._kept), None
+        return data
 
     def fail(self, code: ErrorCode, error: pyvips.Error) -> PhotoError:
         return self.error or PhotoError(code, f"{error.message} {error.detail}".strip())
@@ -108,10 +140,53 @@ def _loader(stream: _StreamSource) -> str:
     return nickname
 
 
+def _converts(image: pyvips.Image) -> bool:
+    # Colour-manage only where there is something to convert: export_profile costs about a
+    # quarter of the render even for a plain sRGB photo, for identical output.
+    return "icc-profile-data" in image.get_fields() or image.interpretation not in _PLAIN
+
+
+def _fit(options: RenderOptions, convert: bool) -> dict[str, object]:
+    """libvips' thumbnail options for the browse: long edge at most browse_size, in sRGB."""
+    return {
+        "height": options.browse_size,
+        "size": "down",
+        **({"export_profile": "srgb"} if convert else {}),
+    }
+
+
+def _browse(stream: _StreamSource, options: RenderOptions, convert: bool) -> pyvips.Image:
+    """libvips decodes the stream once, shrinking on load to the browse size."""
+    try:
+        browse = pyvips.Image.thumbnail_source(
+            stream.source, options.browse_size, option_string="fail_on=truncated", **_fit(options, convert)
+        )
+        # Sequential access reads the stream once: materialise the small image before using it twice.
+        browse = browse.copy_memory()
+    except pyvips.Error as error:
+        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+    if stream.error is not None:
+        # Some loaders (GIF after its first frame) take a failed read for the end of the file.
+        raise stream.error
+    return browse
+
+
+def _hevc_browse(stream: _StreamSource, options: RenderOptions) -> pyvips.Image:
+    """pi-heif decodes the whole picture (HEVC has no shrink-on-load); libvips shrinks it."""
+    with heic.decoded(stream.read_all()) as picture:
+        try:
+            browse = picture.thumbnail_image(options.browse_size, **_fit(options, _converts(picture)))
+            return browse.copy_memory()
+        except pyvips.Error as error:
+            raise PhotoError(ErrorCode.DECODE_FAILED, f"{error.message} {error.detail}".strip()) from None
+
+
 def render(original: Readable, options: RenderOptions) -> Rendered:
     """Render `thumb` and `browse` WebP variants from a stream of the original."""
     stream = _StreamSource(original)
     loader = _loader(stream)
+    if loader != _HEIF:
+        stream.keep_nothing()
     try:
         header = pyvips.Image.new_from_source(stream.source, "", access="sequential")
     except pyvips.Error as error:
@@ -124,28 +199,17 @@ def render(original: Readable, options: RenderOptions) -> Rendered:
             ErrorCode.DIMENSIONS_EXCEEDED, f"{width}x{height} exceeds {options.max_input_pixels} pixels"
         )
     fields = set(header.get_fields())
+    # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
     if "orientation" in fields and header.get("orientation") in _TRANSPOSING:
         width, height = height, width
 
-    # Colour-manage only where there is something to convert: export_profile costs about a
-    # quarter of the render even for a plain sRGB photo, for identical output.
-    convert = "icc-profile-data" in fields or header.interpretation not in _PLAIN
-    try:
-        browse = pyvips.Image.thumbnail_source(
-            stream.source,
-            options.browse_size,
-            height=options.browse_size,
-            size="down",
-            option_string="fail_on=truncated",
-            **({"export_profile": "srgb"} if convert else {}),
-        )
-        # Sequential access reads the stream once: materialise the small image before using it twice.
-        browse = browse.copy_memory()
-    except pyvips.Error as error:
-        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
-    if stream.error is not None:
-        # Some loaders (GIF after its first frame) take a failed read for the end of the file.
-        raise stream.error
+    # Routed by the coding libvips' header names, not by the file's brand: HEVC has no decoder in
+    # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips.
+    if heic.COMPRESSION_FIELD in fields and header.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION:
+        browse, loader = _hevc_browse(stream, options), heic.DECODER
+    else:
+        stream.keep_nothing()
+        browse = _browse(stream, options, _converts(header))
     if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
         browse = browse.colourspace("srgb").cast("uchar")
 

@@ -33,13 +33,13 @@ def test_the_demo_publishes_every_good_photo_and_reports_it(tmp_path: Path) -> N
     # AND every good photo was published once, the broken one failed with its code, and every
     # second delivery answered `already`
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["photos"] == 13
-    assert summary["published"] == 12
+    assert summary["photos"] == 14
+    assert summary["published"] == 13
     assert summary["failed"] == {"DECODE_FAILED": 1}
-    assert summary["outboxEvents"] == 12
-    assert summary["already"] == 12
+    assert summary["outboxEvents"] == 13
+    assert summary["already"] == 13
     assert summary["photosPerSecond"] > 0
     # AND the report shows each photo with its two variants, fetched from S3
     page = (tmp_path / "report.html").read_text()
-    assert page.count('<section class="photo') == 13
-    assert len(list((tmp_path / "variants").glob("*.webp"))) == 24
+    assert page.count('<section class="photo') == 14
+    assert len(list((tmp_path / "variants").glob("*.webp"))) == 26

@@ -1,0 +1,430 @@
+"""HEIC (HEVC-coded HEIF, phone photos) through the pipeline, on HEIC files made from the project's
+real photographs by pillow-heif (samples.heic), decoded for real by pi-heif (no mocks).
+
+Pixel comparisons use the mean absolute difference over all bands, on 0-255, against libvips' own
+downsizing of the upright photograph: the WebP of the variant and the HEVC coding together cost
+about 1.9 (the same floor as test_pipeline's JPEGs), so the tolerance sits a little above that.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pillow_heif
+import pytest
+import pyvips
+from PIL import Image
+
+from devkit import samples
+from photo_publish import heic
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.pipeline import Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.storage import OriginalStream
+
+UPRIGHT_NAME = "LadyBird.jpg"
+UPRIGHT_SIZE = (2560, 1600)
+BROWSE_SIZE = (2048, 1280)
+THUMB_SIZE = (400, 250)
+TOLERANCE = 2.5
+# The only chunks a WebP without metadata has: no EXIF, XMP or ICCP.
+PIXEL_CHUNKS = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH"})
+METADATA_FIELDS = ("exif-data", "xmp-data", "icc-profile-data", "iptc-data")
+EXIF_ORIENTATION = 0x0112
+
+
+class CountingReader:
+    """A forward-only stream (no seek, no tell) that records what it served."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+        self.bytes_read = 0
+
+    def read(self, size: int, /) -> bytes:
+        chunk = self._data.read(size)
+        self.bytes_read += len(chunk)
+        return chunk
+
+
+class FailingReader:
+    """Serves `data` up to byte `fail_at`, then raises `error` on every read."""
+
+    def __init__(self, data: bytes, fail_at: int, error: Exception) -> None:
+        self._data = io.BytesIO(data)
+        self._fail_at = fail_at
+        self._error = error
+        self._position = 0
+
+    def read(self, size: int, /) -> bytes:
+        if self._position >= self._fail_at:
+            raise self._error
+        chunk = self._data.read(min(size, self._fail_at - self._position))
+        self._position += len(chunk)
+        return chunk
+
+
+def render_bytes(data: bytes, options: RenderOptions | None = None) -> Rendered:
+    return render(io.BytesIO(data), options or RenderOptions())
+
+
+def variant(rendered: Rendered, kind: str) -> RenderedVariant:
+    (found,) = (v for v in rendered.variants if v.kind == kind)
+    return found
+
+
+def decoded(rendered: Rendered, kind: str) -> pyvips.Image:
+    return pyvips.Image.new_from_buffer(variant(rendered, kind).data, "")
+
+
+def difference(a: pyvips.Image, b: pyvips.Image) -> pyvips.Image:
+    assert (a.width, a.height, a.bands) == (b.width, b.height, b.bands)
+    return a.cast("float") - b.cast("float")
+
+
+def mean_difference(a: pyvips.Image, b: pyvips.Image) -> float:
+    return float(difference(a, b).abs().avg())
+
+
+def webp_chunks(data: bytes) -> list[bytes]:
+    assert data[:4] == b"RIFF"
+    assert data[8:12] == b"WEBP"
+    chunks, offset = [], 12
+    while offset + 8 <= len(data):
+        size = int.from_bytes(data[offset + 4 : offset + 8], "little")
+        chunks.append(data[offset : offset + 4])
+        offset += 8 + size + (size & 1)
+    return chunks
+
+
+def assert_plain_srgb(rendered: Rendered) -> None:
+    for v in rendered.variants:
+        image = pyvips.Image.new_from_buffer(v.data, "")
+        assert image.interpretation == "srgb", v.kind
+        assert image.format == "uchar", v.kind
+        assert not set(image.get_fields()) & set(METADATA_FIELDS), v.kind
+        assert set(webp_chunks(v.data)) <= PIXEL_CHUNKS, v.kind
+        assert b"Exif" not in v.data, v.kind
+
+
+def assert_sizes(rendered: Rendered, size: tuple[int, int], browse: tuple[int, int]) -> None:
+    """The stamped size is the displayed one, and the variants have the sizes they declare."""
+    assert (rendered.width, rendered.height) == size
+    for kind, expected in (("browse", browse), ("thumb", THUMB_SIZE)):
+        declared, image = variant(rendered, kind), decoded(rendered, kind)
+        assert (declared.width, declared.height) == (image.width, image.height) == expected, kind
+
+
+def header(data: bytes) -> pyvips.Image:
+    """libvips' reading of the header (it cannot decode the HEVC pixels)."""
+    return pyvips.Image.new_from_buffer(data, "")
+
+
+def boxes(data: bytes) -> bytes:
+    """The file before its coded pixels: where the item properties (irot, imir, grid) are."""
+    return data[: data.index(b"mdat")]
+
+
+def exif_orientation(data: bytes) -> int:
+    exif = Image.Exif()
+    exif.load(pillow_heif.open_heif(data).info["exif"])
+    return int(exif[EXIF_ORIENTATION])
+
+
+@pytest.fixture(scope="module")
+def upright() -> pyvips.Image:
+    return samples.photograph(UPRIGHT_NAME)
+
+
+@pytest.fixture(scope="module")
+def upright_browse(upright: pyvips.Image) -> pyvips.Image:
+    """The upright photograph downsized to browse size by libvips, never encoded."""
+    return upright.thumbnail_image(BROWSE_SIZE[0], height=BROWSE_SIZE[0]).copy_memory()
+
+
+@pytest.fixture(scope="module")
+def iphone_heic(upright: pyvips.Image) -> bytes:
+    """As an iPhone writes it: 512 x 512 HEVC tiles, stored sideways with irot AND EXIF 6, Display P3."""
+    return samples.heic(upright, 6, profile="p3")
+
+
+@pytest.fixture(scope="module")
+def iphone_rendered(iphone_heic: bytes) -> Rendered:
+    return render_bytes(iphone_heic)
+
+
+@pytest.fixture
+def decoder_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The sizes of the files handed to pi-heif (the real decoder, only counted)."""
+    calls: list[int] = []
+    real = heic.decoded
+
+    def counting(data: bytes) -> object:
+        calls.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(heic, "decoded", counting)
+    yield calls
+
+
+def test_an_iphone_heic_renders_upright_in_srgb_without_metadata(
+    iphone_heic: bytes, iphone_rendered: Rendered, upright: pyvips.Image, upright_browse: pyvips.Image
+) -> None:
+    # GIVEN an iPhone-like HEIC: HEVC, a grid of tiles, stored sideways with both an irot and an
+    # EXIF orientation 6, pixels in Display P3 with the profile embedded (fixture)
+    assert header(iphone_heic).get("heif-compression") == "hevc"
+    assert b"grid" in boxes(iphone_heic)
+    assert b"irot" in boxes(iphone_heic)
+    assert exif_orientation(iphone_heic) == 6
+    assert "icc-profile-data" in header(iphone_heic).get_fields()
+
+    # WHEN it was rendered
+    rendered = iphone_rendered
+
+    # THEN pi-heif decoded it, and the stamped size is the displayed, upright one
+    assert rendered.loader == "pi_heif"
+    assert_sizes(rendered, UPRIGHT_SIZE, BROWSE_SIZE)
+    # AND the browse is the upright photograph converted back to sRGB (measured 1.9) ...
+    browse = decoded(rendered, "browse")
+    assert mean_difference(browse, upright_browse) < TOLERANCE
+    # ... not its P3 numbers taken as sRGB (measured 5.8), so the colour check has teeth
+    p3_numbers = upright.icc_transform("p3", input_profile="srgb").thumbnail_image(BROWSE_SIZE[0])
+    assert mean_difference(browse, p3_numbers) > 2 * mean_difference(browse, upright_browse)
+    # AND the variants are plain sRGB with no EXIF, XMP or profile
+    assert_plain_srgb(rendered)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9), ids=lambda o: f"orientation-{o}")
+def test_every_orientation_of_a_heic_is_applied_once_not_twice(
+    upright: pyvips.Image, orientation: int
+) -> None:
+    # GIVEN a smaller upright photograph stored turned under each orientation, with the irot/imir
+    # that turn it back AND the same EXIF orientation, as Apple writes both
+    small = upright.thumbnail_image(640)
+    data = samples.heic(small, orientation)
+    assert exif_orientation(data) == orientation
+    assert (b"irot" in boxes(data) or b"imir" in boxes(data)) == (orientation != 1)
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN the stamped size and the browse are the upright's (no upscaling at 640 x 400) ...
+    assert (rendered.width, rendered.height) == (640, 400)
+    browse = decoded(rendered, "browse")
+    assert (browse.width, browse.height) == (640, 400)
+    # ... and so are its pixels (measured 2.3 at this size): applying the EXIF orientation after
+    # libheif's irot would turn or mirror the picture a second time (portrait, or 57 and more off)
+    assert mean_difference(browse, small) < TOLERANCE + 0.5
+    assert_plain_srgb(rendered)
+
+
+def test_a_ten_bit_heic_renders_to_eight_bit_srgb_without_darkening(
+    upright: pyvips.Image, upright_browse: pyvips.Image
+) -> None:
+    # GIVEN a 10-bit HEIC in Display P3 (an HDR capture's base picture)
+    data = samples.heic(upright, profile="p3", bits=10)
+    assert header(data).get("bits-per-sample") == 10
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN the variants are 8-bit sRGB with the photograph's pixels (measured 1.9)
+    assert_plain_srgb(rendered)
+    browse = decoded(rendered, "browse")
+    assert mean_difference(browse, upright_browse) < TOLERANCE
+    # AND the 10 bits were reduced to 8 after the colour conversion, by libvips: measured -0.18 on
+    # average; libheif's own reduction to 8 bits truncates, measured -0.57
+    assert abs(difference(browse, upright_browse).avg()) < 0.4
+
+
+def test_a_multi_image_heic_renders_its_primary_image_only(
+    upright: pyvips.Image, upright_browse: pyvips.Image
+) -> None:
+    # GIVEN a HEIC of three images (a burst): the photograph is the primary, stored second, between
+    # two half-size negatives of it
+    data = samples.heic(upright, companions=2)
+    assert header(data).get("n-pages") == 3
+    assert header(data).get("heif-primary") == 1
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN the size is the primary's, and so are the pixels (measured 1.9; the negative's: 108)
+    assert_sizes(rendered, UPRIGHT_SIZE, BROWSE_SIZE)
+    browse = decoded(rendered, "browse")
+    assert mean_difference(browse, upright_browse) < TOLERANCE
+    assert mean_difference(browse, upright_browse.invert()) > 50
+
+
+def test_a_heic_grid_is_decoded_whole_with_every_tile_in_its_place(
+    upright: pyvips.Image, upright_browse: pyvips.Image
+) -> None:
+    # GIVEN a HEIC coded as a grid of 256 x 256 tiles, the last row and column of tiles only partly
+    # inside the picture (1600 = 6 x 256 + 64)
+    data = samples.heic(upright, tile_size=256)
+    assert b"grid" in boxes(data)
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN the picture is whole: every band of rows across the browse, each tile row among them,
+    # shows the photograph (measured 2.1 at most; a missing tile is black, a row of tiles one
+    # place off differs by 45)
+    assert_sizes(rendered, UPRIGHT_SIZE, BROWSE_SIZE)
+    browse = decoded(rendered, "browse")
+    band = 64
+    for top in range(0, browse.height, band):
+        height = min(band, browse.height - top)
+        rows = (0, top, browse.width, height)
+        assert mean_difference(browse.crop(*rows), upright_browse.crop(*rows)) < TOLERANCE + 1, top
+
+
+def test_an_avif_is_still_decoded_by_libvips(upright: pyvips.Image, decoder_calls: list[int]) -> None:
+    # GIVEN an AVIF: the same HEIF container, coded with AV1, which libvips decodes itself
+    small = upright.thumbnail_image(1280)
+    data = bytes(small.heifsave_buffer(compression="av1", Q=80, effort=0))
+    assert header(data).get("heif-compression") == "av1"
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN libvips decoded it, and pi-heif was never called
+    assert rendered.loader == "heifload_source"
+    assert decoder_calls == []
+    assert (rendered.width, rendered.height) == (1280, 800)
+    assert mean_difference(decoded(rendered, "browse"), small) < 4
+    assert_plain_srgb(rendered)
+
+
+def test_a_heic_is_read_once_to_its_end_and_handed_whole_to_pi_heif(
+    iphone_heic: bytes, decoder_calls: list[int]
+) -> None:
+    # GIVEN the HEIC behind a stream that can only read forwards (no seek, no tell)
+    stream = CountingReader(iphone_heic)
+
+    # WHEN it is rendered
+    rendered = render(stream, RenderOptions())
+
+    # THEN every byte was read exactly once: what libvips read for the header was kept, and with
+    # the rest of the stream it made the whole file, decoded once
+    assert rendered.loader == "pi_heif"
+    assert stream.bytes_read == len(iphone_heic)
+    assert decoder_calls == [len(iphone_heic)]
+
+
+@pytest.mark.parametrize(
+    "declared", [pytest.param(None, id="limit-below-the-photo"), pytest.param(20_000, id="edited-ispe")]
+)
+def test_a_heic_over_the_pixel_limit_is_refused_from_its_header_before_decoding(
+    iphone_heic: bytes, decoder_calls: list[int], declared: int | None
+) -> None:
+    # GIVEN the iPhone HEIC and a pixel limit just below its size, or the HEIC with its image
+    # spatial extents (ispe) edited to declare 20000 x 20000 pixels, 400 MP (its data unchanged)
+    options = RenderOptions(max_input_pixels=UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1] - 1)
+    data = iphone_heic
+    if declared is not None:
+        options = RenderOptions()
+        edited = bytearray(data)
+        at = edited.find(b"ispe")
+        while at >= 0:
+            edited[at + 8 : at + 16] = declared.to_bytes(4, "big") * 2
+            at = edited.find(b"ispe", at + 4)
+        data = bytes(edited)
+        assert (header(data).width, header(data).height) == (declared, declared)
+
+    # WHEN it is rendered
+    started = time.monotonic()
+    with pytest.raises(PhotoError) as raised:
+        render_bytes(data, options)
+
+    # THEN it is refused for its dimensions, quickly, and nothing went to the decoder
+    assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
+    assert decoder_calls == []
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize("damage", ["coded-pixels-zeroed", "truncated"])
+def test_a_damaged_heic_fails_to_decode(iphone_heic: bytes, damage: str) -> None:
+    # GIVEN the HEIC with its coded pixels zeroed (the header intact: libvips reads it, the HEVC
+    # decoder fails), or cut short (libheif finds the file shorter than its boxes declare)
+    if damage == "truncated":
+        data = samples.truncated(iphone_heic, 0.9)
+    else:
+        data = samples.heic_without_pixels(iphone_heic)
+        assert header(data).get("heif-compression") == "hevc"
+
+    # WHEN it is rendered
+    with pytest.raises(PhotoError) as raised:
+        render_bytes(data)
+
+    # THEN the failure is a decode failure, a permanent one
+    assert raised.value.code is ErrorCode.DECODE_FAILED
+    assert raised.value.permanent
+
+
+def test_a_heic_over_the_byte_limit_of_the_original_stream_is_refused(iphone_heic: bytes) -> None:
+    # GIVEN the HEIC behind storage's stream, limited to three quarters of its size
+    stream = OriginalStream(io.BytesIO(iphone_heic), limit=len(iphone_heic) * 3 // 4)
+
+    # WHEN it is rendered
+    with pytest.raises(PhotoError) as raised:
+        render(stream, RenderOptions())
+
+    # THEN it is refused as too large
+    assert raised.value.code is ErrorCode.ORIGINAL_TOO_LARGE
+
+
+@pytest.mark.parametrize("where", [0.0, 0.5])
+def test_a_read_failure_in_a_heic_is_reported_as_the_streams_error(iphone_heic: bytes, where: float) -> None:
+    # GIVEN a stream of the HEIC whose connection resets at its start or half-way through
+    stream = FailingReader(iphone_heic, int(len(iphone_heic) * where), OSError("connection reset"))
+
+    # WHEN it is rendered
+    with pytest.raises(PhotoError) as raised:
+        render(stream, RenderOptions())
+
+    # THEN the storage fault is what the caller hears about (retryable), not a decode failure
+    assert raised.value.code is ErrorCode.STORAGE_READ_FAILED
+    assert not raised.value.permanent
+
+
+def test_the_heic_thumb_is_its_browse_downsized(iphone_rendered: Rendered) -> None:
+    # GIVEN the iPhone HEIC's variants
+    thumb, browse = decoded(iphone_rendered, "thumb"), decoded(iphone_rendered, "browse")
+
+    # WHEN the browse is downsized to the thumb size
+    expected = browse.thumbnail_image(THUMB_SIZE[0])
+
+    # THEN the thumb has its size and its pixels (measured 2.3, as for a JPEG)
+    assert (thumb.width, thumb.height) == THUMB_SIZE
+    assert mean_difference(thumb, expected) < 3
+
+
+def test_the_pipeline_imports_pi_heif_only_when_a_heic_arrives() -> None:
+    # GIVEN a fresh interpreter
+    code = (
+        "import sys, io\n"
+        "from photo_publish.pipeline import render, RenderOptions\n"
+        "from devkit import samples\n"
+        "assert 'pi_heif' not in sys.modules, 'imported with the pipeline'\n"
+        "render(io.BytesIO((samples.IMAGES / 'Garden.jpg').read_bytes()), RenderOptions())\n"
+        "assert 'pi_heif' not in sys.modules, 'imported for a JPEG'\n"
+        "render(io.BytesIO(samples.heic(samples.photograph().thumbnail_image(64))), RenderOptions())\n"
+        "assert 'pi_heif' in sys.modules\n"
+    )
+
+    # WHEN the pipeline is imported, renders a JPEG, then a HEIC
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": "shared:."},
+        cwd=samples.IMAGES.parent.parent,
+    )
+
+    # THEN pi-heif (25 ms and Pillow) was imported for the HEIC only, not at cold start
+    assert result.returncode == 0, result.stderr
