@@ -7,11 +7,12 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv demo test unit integration e2e test-postgres15 lint typecheck migrate bench build clean
+.PHONY: help venv demo test unit integration e2e test-postgres15 test-localstack lint typecheck migrate bench build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
 	@echo "make test      lint, types and every test (embedded PostgreSQL, moto's server)"
+	@echo "make test-localstack  the S3/SQS tests against a real LocalStack on the host (Python 3.13)"
 	@echo "make migrate   apply the migrations to DATABASE_URL"
 	@echo "make bench     render benchmark against peers measured in the same run"
 	@echo "make build     sam build"
@@ -28,7 +29,7 @@ demo: venv
 	$(BIN)/python -m devkit.demo
 
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/localstack
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
@@ -42,6 +43,12 @@ e2e: venv
 # The database tests again, against the PostgreSQL 15 server these machines run (Aurora runs 15/16).
 test-postgres15: venv
 	DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres $(BIN)/python -m pytest -q tests/integration
+
+# The publish path, retries, the dead-letter queue and the operator's redrive against a real
+# LocalStack (S3 + SQS) started on the host without Docker; scripts/localstack builds its Python 3.13
+# environment (.venv-localstack), starts it on 127.0.0.1:4566 and stops it afterwards.
+test-localstack: venv
+	scripts/localstack $(BIN)/python -m pytest -q -m localstack tests/localstack
 
 lint: venv
 	$(BIN)/ruff check .

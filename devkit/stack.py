@@ -2,6 +2,8 @@
 
 Every embedded default yields to its setting (SPEC 10): DATABASE_URL names a database to use
 instead of an embedded one, AWS_ENDPOINT_URL (or _S3 / _SQS) an endpoint instead of moto's server.
+LOCALSTACK=1 (set by scripts/localstack) says that endpoint is LocalStack: it must answer, and
+devkit's own clients come from localstack-client.
 """
 
 from __future__ import annotations
@@ -72,12 +74,56 @@ def database(data_dir: Path, name: str = "photos", *, keep: bool = True) -> Iter
             server.cleanup()
 
 
+def localstack() -> bool:
+    """LOCALSTACK=1: the AWS endpoint is LocalStack (explicit, so a port number decides nothing)."""
+    return os.environ.get("LOCALSTACK", "").strip().lower() in ("1", "true", "yes")
+
+
+def localstack_endpoint() -> str:
+    """LocalStack's endpoint: AWS_ENDPOINT_URL, else LOCALSTACK_HOST, else localhost:4566."""
+    from localstack_client import config
+
+    endpoint = config.get_service_endpoint("sqs")
+    assert endpoint is not None
+    return endpoint.rstrip("/")
+
+
+def check_localstack(endpoint: str, services: tuple[str, ...] = ("s3", "sqs")) -> None:
+    """Raise unless LocalStack answers at `endpoint` with `services` available."""
+    import urllib.request
+
+    url = f"{endpoint}/_localstack/health"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            health = json.load(response).get("services", {})
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"LOCALSTACK=1 but LocalStack does not answer at {url}: {error}") from None
+    missing = {s: health.get(s) for s in services if health.get(s) not in ("available", "running")}
+    if missing:
+        raise RuntimeError(f"LocalStack at {endpoint} lacks services {missing} (SERVICES=s3,sqs?)")
+
+
 @contextmanager
 def aws_endpoint() -> Iterator[None]:
-    """moto's server on loopback, unless AWS_ENDPOINT_URL(_S3/_SQS) already names an endpoint."""
+    """moto's server on loopback, unless AWS_ENDPOINT_URL(_S3/_SQS) already names an endpoint.
+
+    With LOCALSTACK=1 the endpoint is LocalStack's, which must answer: it is never replaced by moto.
+    """
     os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    if localstack():
+        endpoint = localstack_endpoint()
+        check_localstack(endpoint)
+        # The functions use plain boto3, as in Lambda: they find LocalStack through AWS_ENDPOINT_URL.
+        added = "AWS_ENDPOINT_URL" not in os.environ
+        os.environ.setdefault("AWS_ENDPOINT_URL", endpoint)
+        try:
+            yield
+        finally:
+            if added:
+                os.environ.pop("AWS_ENDPOINT_URL", None)
+        return
     if any(os.environ.get(v) for v in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS")):
         yield
         return
@@ -144,4 +190,15 @@ def drop_test_events(sqs: Any, queue_url: str) -> None:
 
 
 def clients() -> tuple[Any, Any]:
+    """S3 and SQS clients for devkit and the tests (the functions build their own, with boto3)."""
+    if localstack():
+        from localstack_client.session import Session
+
+        # The functions' credentials: LocalStack derives the account from the access key id.
+        session = Session(
+            aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
+            aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
+            region_name=os.environ.get("AWS_DEFAULT_REGION", REGION),
+        )
+        return session.client("s3"), session.client("sqs")
     return boto3.client("s3"), boto3.client("sqs")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -108,15 +109,12 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
     queue = SqsQueue(sqs, settings.process_queue_url, settings.dead_letter_queue_url)
     summary = RedriveSummary()
     by_photo: dict[UUID, list[dict[str, Any]]] = {}
+    not_photos: list[dict[str, Any]] = []
     for message in _dead_letters(sqs, settings.dead_letter_queue_url):
         photo_id = _photo_of(message, settings)
         if photo_id is None:
-            # Not a photo's message: left for a person to read, visible again.
-            sqs.change_message_visibility(
-                QueueUrl=settings.dead_letter_queue_url,
-                ReceiptHandle=message["ReceiptHandle"],
-                VisibilityTimeout=0,
-            )
+            # Not a photo's message: left for a person to read (visible again at the end).
+            not_photos.append(message)
             summary.left_in_queue += 1
             continue
         by_photo.setdefault(photo_id, []).append(message)
@@ -133,31 +131,52 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
     unknown = {p for p in photo_ids if p not in states}
     summary.left_in_queue += sum(len(by_photo[p]) for p in unknown)
 
-    if move_task and to_send and _move_back(sqs, settings, by_photo, to_send):
+    if move_task and to_send and _move_back(sqs, settings, by_photo, to_send, unknown):
         summary.moved_by_task = True
         summary.photos = to_send
-        return summary
-    unsent = set(queue.send_jobs(to_send))
-    for photo_id, messages in by_photo.items():
-        if photo_id in unsent or photo_id in unknown:
-            continue  # visible again after its timeout, for the next redrive
-        for message in messages:
-            sqs.delete_message(
-                QueueUrl=settings.dead_letter_queue_url, ReceiptHandle=message["ReceiptHandle"]
-            )
-            summary.messages_removed += 1
-    summary.photos = [p for p in to_send if p not in unsent]
+    else:
+        unsent = set(queue.send_jobs(to_send))
+        for photo_id, messages in by_photo.items():
+            if photo_id in unsent or photo_id in unknown:
+                continue  # visible again after its timeout, for the next redrive
+            for message in messages:
+                sqs.delete_message(
+                    QueueUrl=settings.dead_letter_queue_url, ReceiptHandle=message["ReceiptHandle"]
+                )
+                summary.messages_removed += 1
+        summary.photos = [p for p in to_send if p not in unsent]
+    # Only now, when no move task can take them to the process queue (whose handler would drop them).
+    for message in not_photos:
+        sqs.change_message_visibility(
+            QueueUrl=settings.dead_letter_queue_url,
+            ReceiptHandle=message["ReceiptHandle"],
+            VisibilityTimeout=0,
+        )
     return summary
 
 
+# How long a redrive waits for its move task before trusting it to finish on its own.
+MOVE_TASK_WAIT_SECONDS = 60.0
+
+
+def _queue_arn(sqs: SQSClient, url: str) -> str:
+    return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+
+
 def _move_back(
-    sqs: SQSClient, settings: Settings, by_photo: dict[UUID, list[dict[str, Any]]], to_send: list[UUID]
+    sqs: SQSClient,
+    settings: Settings,
+    by_photo: dict[UUID, list[dict[str, Any]]],
+    to_send: list[UUID],
+    unknown: set[UUID],
 ) -> bool:
-    """Keep one dead letter per photo to send, delete the rest, and move the kept ones back."""
-    dead_arn = sqs.get_queue_attributes(QueueUrl=settings.dead_letter_queue_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
+    """Keep one dead letter per photo to send, delete the other dead letters of known photos, and
+    move the kept ones to the process queue; True unless the task could not start or failed.
+    Photos with no row keep theirs, in flight (unseen by the task), for a person."""
+    dead_arn = _queue_arn(sqs, settings.dead_letter_queue_url)
     for photo_id, messages in by_photo.items():
+        if photo_id in unknown:
+            continue
         keep = messages[:1] if photo_id in to_send else []
         for message in messages[len(keep) :]:
             sqs.delete_message(
@@ -170,10 +189,27 @@ def _move_back(
                 VisibilityTimeout=0,
             )
     try:
-        sqs.start_message_move_task(SourceArn=dead_arn)
+        # To the process queue by name: the function's own dead letters (SendMessage, SPEC 5) have no
+        # DeadLetterQueueSourceArn, and a task "back to their original source" fails on them.
+        sqs.start_message_move_task(
+            SourceArn=dead_arn, DestinationArn=_queue_arn(sqs, settings.process_queue_url)
+        )
+        return _move_task_succeeded(sqs, dead_arn)
     except (ClientError, BotoCoreError, NotImplementedError):
         return False
-    return True
+
+
+def _move_task_succeeded(sqs: SQSClient, dead_arn: str) -> bool:
+    """The task runs after StartMessageMoveTask has answered: wait for the queue's newest task (at
+    most one is active per queue: ours) to complete; one still running past the wait is trusted."""
+    deadline = time.monotonic() + MOVE_TASK_WAIT_SECONDS
+    while True:
+        status = sqs.list_message_move_tasks(SourceArn=dead_arn, MaxResults=1)["Results"][0]["Status"]
+        if status in ("FAILED", "CANCELLED"):
+            return False
+        if status == "COMPLETED" or time.monotonic() >= deadline:
+            return True
+        time.sleep(0.5)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

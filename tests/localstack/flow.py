@@ -1,0 +1,137 @@
+"""What the LocalStack tests read and drive: the real process handler fed by devkit's Poller."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Engine, func, select
+
+from devkit import handlers, samples, uploads
+from devkit.poller import Handler, Poller
+from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from tests.conftest import BUCKET, STAGE, Infra
+
+process = handlers.load("process")
+
+
+class Recorder:
+    """The process handler, keeping the bodies of the records it was given."""
+
+    def __init__(self, handler: Handler = process.lambda_handler) -> None:
+        self.handler = handler
+        self.bodies: list[dict[str, Any]] = []
+        self.receive_counts: list[int] = []
+
+    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        for record in event["Records"]:
+            self.bodies.append(json.loads(record["body"]))
+            self.receive_counts.append(int(record["attributes"]["ApproximateReceiveCount"]))
+        return self.handler(event, context)
+
+
+def poll_until(
+    infra: Infra,
+    done: Callable[[], bool],
+    *,
+    handler: Handler = process.lambda_handler,
+    queue_url: str | None = None,
+    queue_arn: str | None = None,
+    timeout: float = 30,
+) -> Poller:
+    poller = Poller(
+        infra.sqs,
+        queue_url or infra.queues.url,
+        queue_arn or infra.queues.arn,
+        handler,
+        wait_seconds=0,
+    )
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out waiting for the queue"
+        if not poller.poll_once():
+            time.sleep(0.05)
+    return poller
+
+
+def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg", image: str | None = None) -> uploads.Upload:
+    data = (samples.IMAGES / (image or name)).read_bytes()
+    return uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=name, data=data)
+
+
+def photo(db: Engine, photo_id: UUID) -> tuple[str, str | None, int]:
+    with db.connect() as c:
+        row = c.execute(
+            select(Photo.processing_state, Photo.error_code, Photo.entity_version).where(Photo.id == photo_id)
+        ).one()
+    return row.processing_state, row.error_code, row.entity_version
+
+
+def job(db: Engine, photo_id: UUID) -> tuple[str, int, str | None]:
+    with db.connect() as c:
+        row = c.execute(
+            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(
+                PhotoJob.photo_id == photo_id
+            )
+        ).one()
+    return row.status, row.attempt, row.last_error_code
+
+
+def outbox(db: Engine, photo_id: UUID) -> list[Any]:
+    with db.connect() as c:
+        return list(c.execute(select(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)).all())
+
+
+def published(db: Engine, photo_id: UUID) -> Callable[[], bool]:
+    return lambda: photo(db, photo_id)[0] == "ready"
+
+
+def messages(infra: Infra, queue_url: str) -> list[dict[str, Any]]:
+    """Every message of a queue, left visible again afterwards (so the operator can read them)."""
+    found: list[dict[str, Any]] = []
+    while batch := infra.sqs.receive_message(
+        QueueUrl=queue_url,
+        MaxNumberOfMessages=10,
+        VisibilityTimeout=30,
+        WaitTimeSeconds=0,
+        AttributeNames=["All"],
+        MessageAttributeNames=["All"],
+    ).get("Messages", []):
+        found.extend(batch)
+    for m in found:
+        infra.sqs.change_message_visibility(
+            QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    return found
+
+
+def counts(infra: Infra, queue_url: str) -> tuple[int, int, int]:
+    """(visible, in flight, delayed), as the queue reports them."""
+    names = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
+    attributes = infra.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
+    visible, in_flight, delayed = (int(attributes[n]) for n in names)
+    return visible, in_flight, delayed
+
+
+def count(db: Engine, model: Any) -> int:
+    with db.connect() as c:
+        return c.scalar(select(func.count()).select_from(model)) or 0
+
+
+def last_move_task(infra: Infra, source_arn: str, *, timeout: float = 15) -> dict[str, Any]:
+    """The newest message move task of `source_arn`, once it is no longer running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = infra.sqs.list_message_move_tasks(SourceArn=source_arn, MaxResults=1)["Results"]
+        assert tasks, f"no message move task for {source_arn}"
+        if tasks[0]["Status"] not in ("RUNNING", "CANCELLING"):
+            return dict(tasks[0])
+        assert time.monotonic() < deadline, f"the move task is still {tasks[0]['Status']}"
+        time.sleep(0.1)
