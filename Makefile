@@ -7,7 +7,7 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv demo test unit integration e2e test-postgres15 test-localstack lint typecheck migrate bench build clean
+.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack lint typecheck migrate bench build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
@@ -16,6 +16,7 @@ help:
 	@echo "make migrate   apply the migrations to DATABASE_URL"
 	@echo "make bench     render benchmark against peers measured in the same run"
 	@echo "make build     sam build"
+	@echo "make tools     sam, cfn-lint and checkov in .venv-tools (test and build use them)"
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,23 +26,37 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(BIN)/.installed
 
+# SAM and the linters in their own environment: they pin many packages .venv must not share.
+TOOLS ?= .venv-tools
+# The Lambda runtime's Python (3.12), which `sam build` needs on PATH: python3.12 if it runs, else pyenv's.
+PY312_BIN = $(shell python3.12 -c 'import os, sys; print(os.path.dirname(sys.executable))' 2>/dev/null \
+	|| ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin 2>/dev/null | sort -V | tail -n 1)
+
+$(TOOLS)/.installed:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip
+	$(TOOLS)/bin/python -m pip install --quiet aws-sam-cli==1.170.0 cfn-lint==1.58.0 checkov==3.2.459
+	touch $@
+
+tools: $(TOOLS)/.installed
+
 demo: venv
 	$(BIN)/python -m devkit.demo
 
-test: lint typecheck
+test: lint typecheck tools
 	$(BIN)/python -m pytest -q --ignore=tests/localstack
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
-integration: venv
+integration: venv tools
 	$(BIN)/python -m pytest -q tests/integration
 
 e2e: venv
 	$(BIN)/python -m pytest -q tests/e2e_local
 
 # The database tests again, against the PostgreSQL 15 server these machines run (Aurora runs 15/16).
-test-postgres15: venv
+test-postgres15: venv tools
 	DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres $(BIN)/python -m pytest -q tests/integration
 
 # The publish path, retries, the dead-letter queue and the operator's redrive against a real
@@ -66,9 +81,9 @@ bench: venv
 	$(BIN)/python -m benchmarks.sweep
 	$(BIN)/python -m benchmarks.heic
 
-build: venv
-	$(BIN)/python -m pip install --quiet aws-sam-cli
-	$(BIN)/sam build
+build: tools
+	@test -n "$(PY312_BIN)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 2; }
+	PATH="$(PY312_BIN):$$PATH" SAM_CLI_TELEMETRY=0 $(TOOLS)/bin/sam build
 
 clean:
-	rm -rf $(VENV) .aws-sam .local demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) .aws-sam .local demo-output .pytest_cache .mypy_cache .ruff_cache

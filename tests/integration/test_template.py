@@ -1,0 +1,945 @@
+"""template.yaml agrees with the code (SPEC 5, 8, 11), and the linters pass on it.
+
+The template is read with a small loader for CloudFormation's short tags and evaluated for given
+parameter values, so each test checks what CloudFormation would deploy, not the text. The linters
+(sam, cfn-lint, checkov) live in their own virtual environment, .venv-tools (`make tools`): they
+pin many packages the project's own environment must not share.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import unquote_plus
+from uuid import uuid4
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from sqlalchemy import Engine, insert, make_url, select
+
+from devkit import handlers, samples
+from devkit.poller import LambdaContext
+from photo_publish.events import from_sqs_body
+from photo_publish.keys import original_key, variant_key
+from photo_publish.models import Photo, PhotoJob
+from photo_publish.settings import Settings
+from tests.conftest import Infra
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+TOOLS = ROOT / ".venv-tools" / "bin"
+PACKAGE = ROOT / "shared" / "photo_publish"
+
+# --- the tools -----------------------------------------------------------------------------------
+
+
+def tool(name: str) -> Path:
+    """A linter or SAM from .venv-tools; a missing one fails the test (never a silent skip)."""
+    path = TOOLS / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: `make tools` installs sam, cfn-lint and checkov into .venv-tools")
+    return path
+
+
+def tool_env(**extra: str) -> dict[str, str]:
+    """The environment for the tools: no telemetry, no project PYTHONPATH, no AWS endpoint."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AWS_ENDPOINT_URL"))}
+    env.update(SAM_CLI_TELEMETRY="0", AWS_DEFAULT_REGION=env.get("AWS_DEFAULT_REGION", "us-east-1"))
+    return env | extra
+
+
+@cache
+def python312() -> Path:
+    """The Lambda runtime's Python (3.12): `python3.12` on PATH, else pyenv's newest 3.12."""
+    candidates: list[Path] = []
+    if found := shutil.which("python3.12"):
+        candidates.append(Path(found))
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(pyenv_root.glob("versions/3.12.*/bin/python3.12"), reverse=True)
+    for candidate in candidates:
+        # A pyenv shim exists even where no 3.12 is selected: ask it for the real executable.
+        probe = subprocess.run(
+            [str(candidate), "-c", "import sys; print(sys.executable)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip():
+            return Path(probe.stdout.strip())
+    pytest.fail(
+        "Python 3.12 (the Lambda runtime's) not found: install it (pyenv install 3.12) or put it on PATH"
+    )
+
+
+# --- reading the template ------------------------------------------------------------------------
+
+
+class CfnLoader(yaml.SafeLoader):
+    """YAML with CloudFormation's short tags (!Ref, !GetAtt, !Sub, ...) as their long forms."""
+
+
+def _short_tag(loader: CfnLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+        if suffix == "GetAtt":
+            value = value.split(".", 1)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if suffix in ("Ref", "Condition"):
+        return {suffix: value}
+    return {f"Fn::{suffix}": value}
+
+
+CfnLoader.add_multi_constructor("!", _short_tag)
+
+NO_VALUE = object()
+PSEUDO = {
+    "AWS::AccountId": "123456789012",
+    "AWS::Region": "eu-west-1",
+    "AWS::Partition": "aws",
+    "AWS::StackName": "photo-publish-test",
+    "AWS::NoValue": NO_VALUE,
+}
+# Required parameters (no default), as a deployment would give them.
+REQUIRED = {
+    "DbSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:photo-db-AbCdEf",
+    "DbHost": "photos.proxy-abc.eu-west-1.rds.amazonaws.com",
+}
+
+
+@cache
+def document() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.load(TEMPLATE.read_text(), Loader=CfnLoader)  # a SafeLoader
+    return loaded
+
+
+class Stack:
+    """The template evaluated for some parameter values: what CloudFormation would deploy.
+
+    A reference to a resource stays symbolic: `<ProcessQueue>` for !Ref, `<ProcessQueue.Arn>` for
+    !GetAtt, also inside !Sub strings.
+    """
+
+    def __init__(self, **parameters: str) -> None:
+        self.doc = document()
+        given = REQUIRED | parameters
+        self.params: dict[str, Any] = {}
+        for name, spec in self.doc["Parameters"].items():
+            value = given.get(name, spec.get("Default"))
+            assert value is not None, f"parameter {name} has no value"
+            self.params[name] = value.split(",") if spec["Type"] == "CommaDelimitedList" else value
+
+    def condition(self, name: str) -> bool:
+        return bool(self._condition(self.doc["Conditions"][name]))
+
+    def _condition(self, expr: Any) -> Any:
+        if isinstance(expr, dict) and len(expr) == 1:
+            ((key, value),) = expr.items()
+            if key == "Condition":
+                return self.condition(value)
+            if key == "Fn::Equals":
+                left, right = (self.resolve(v) for v in value)
+                return left == right
+            if key == "Fn::Not":
+                return not self._condition(value[0])
+            if key == "Fn::And":
+                return all(self._condition(v) for v in value)
+            if key == "Fn::Or":
+                return any(self._condition(v) for v in value)
+        return self.resolve(expr)
+
+    def resolve(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [r for r in (self.resolve(v) for v in value) if r is not NO_VALUE]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1 and (function := self._FUNCTIONS.get(next(iter(value)))):
+            return function(self, next(iter(value.values())))
+        return {k: r for k, r in ((k, self.resolve(v)) for k, v in value.items()) if r is not NO_VALUE}
+
+    def _sub_string(self, arg: Any) -> str:
+        text, variables = (arg, {}) if isinstance(arg, str) else arg
+        variables = {k: self.resolve(v) for k, v in variables.items()}
+        return re.sub(r"\$\{([^}!]+)\}", lambda m: self._sub(m.group(1), variables), text)
+
+    def _find_in_map(self, arg: Any) -> Any:
+        mapping, top, second = (self.resolve(v) for v in arg)
+        return self.doc["Mappings"][mapping][top][second]
+
+    def _if(self, arg: Any) -> Any:
+        name, yes, no = arg
+        return self.resolve(yes if self.condition(name) else no)
+
+    _FUNCTIONS: ClassVar[dict[str, Any]] = {
+        "Ref": lambda self, arg: self._ref(arg),
+        "Fn::GetAtt": lambda self, arg: f"<{arg[0]}.{arg[1]}>",
+        "Fn::Sub": _sub_string,
+        "Fn::FindInMap": _find_in_map,
+        "Fn::If": _if,
+        "Fn::Join": lambda self, arg: arg[0].join(str(i) for i in self.resolve(arg[1])),
+        "Fn::Split": lambda self, arg: self.resolve(arg[1]).split(arg[0]),
+        "Fn::Select": lambda self, arg: self.resolve(arg[1])[int(arg[0])],
+    }
+
+    def _ref(self, name: str) -> Any:
+        if name in self.params:
+            return self.params[name]
+        if name in PSEUDO:
+            return PSEUDO[name]
+        assert name in self.doc["Resources"], f"!Ref to nothing: {name}"
+        return f"<{name}>"
+
+    def _sub(self, name: str, variables: dict[str, Any]) -> str:
+        if name in variables:
+            return str(variables[name])
+        if "." in name:
+            resource, attribute = name.split(".", 1)
+            assert resource in self.doc["Resources"], name
+            return f"<{resource}.{attribute}>"
+        return str(self._ref(name))
+
+    def resources(self) -> dict[str, dict[str, Any]]:
+        """The resources this stack creates (their conditions hold), properties resolved."""
+        return {
+            name: {"Type": r["Type"], **self.resolve({k: v for k, v in r.items() if k != "Type"})}
+            for name, r in self.doc["Resources"].items()
+            if "Condition" not in r or self.condition(r["Condition"])
+        }
+
+    def properties(self, name: str) -> dict[str, Any]:
+        return dict(self.resources()[name].get("Properties", {}))
+
+    def function(self, name: str) -> dict[str, Any]:
+        """A function's properties with the Globals applied (environment merged, as SAM does)."""
+        merged = self.resolve(self.doc["Globals"]["Function"]) | self.properties(name)
+        variables = self.resolve(self.doc["Globals"]["Function"]["Environment"]["Variables"])
+        variables |= self.properties(name).get("Environment", {}).get("Variables", {})
+        merged["Environment"] = {"Variables": {k: str(v) for k, v in variables.items()}}
+        return merged
+
+    def functions(self) -> list[str]:
+        return [n for n, r in self.resources().items() if r["Type"] == "AWS::Serverless::Function"]
+
+
+# The settings that are numbers of the template's Mappings, as environment variables.
+SHARED_NUMBERS = {
+    "MAX_ATTEMPTS": "max_attempts",
+    "MAX_RECEIVE_COUNT": "max_receive_count",
+    "RETRY_BASE_SECONDS": "retry_base_seconds",
+    "STALE_AFTER_SECONDS": "stale_after_seconds",
+    "SWEEP_AFTER_SECONDS": "sweep_after_seconds",
+    "MAX_INPUT_PIXELS": "max_input_pixels",
+    "MAX_ORIGINAL_BYTES": "max_original_bytes",
+}
+# Environment the functions get that is not a Settings field: read by Powertools or glibc.
+NOT_SETTINGS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "MALLOC_ARENA_MAX"}
+# boto3's own endpoint variables, declared for `sam local` only (SamLocal=true), with DATABASE_URL.
+LOCAL_ONLY = {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS", "DATABASE_URL"}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Stack:
+    return Stack()
+
+
+# --- numbers, timing and prefixes -----------------------------------------------------------------
+
+
+def test_every_number_the_code_knows_comes_from_the_mappings_with_the_settings_defaults(stack: Stack) -> None:
+    globals_env = document()["Globals"]["Function"]["Environment"]["Variables"]
+    for variable, setting in SHARED_NUMBERS.items():
+        # GIVEN the template's value for it: a lookup in the Mappings, nothing typed twice
+        assert "Fn::FindInMap" in globals_env[variable], f"{variable} is not from the Mappings"
+        # THEN it is the code's default
+        for name in stack.functions():
+            value = stack.function(name)["Environment"]["Variables"][variable]
+            assert int(value) == Settings.model_fields[setting].default, (name, variable)
+
+
+def test_the_redrive_dead_letters_after_max_receive_count(stack: Stack) -> None:
+    redrive = stack.properties("ProcessQueue")["RedrivePolicy"]
+    assert redrive["deadLetterTargetArn"] == "<DeadLetterQueue.Arn>"
+    assert int(redrive["maxReceiveCount"]) == Settings.model_fields["max_receive_count"].default
+    # the DLQ accepts dead letters from the process queue alone
+    allow = stack.properties("DeadLetterQueue")["RedriveAllowPolicy"]
+    assert allow["redrivePermission"] == "byQueue"
+    assert allow["sourceQueueArns"] == [
+        f"arn:aws:sqs:{PSEUDO['AWS::Region']}:{PSEUDO['AWS::AccountId']}:{stack.properties('ProcessQueue')['QueueName']}"
+    ]
+
+
+def test_timing_invariant_process_timeout_stale_after_visibility(stack: Stack) -> None:
+    timeout = int(stack.function("ProcessFunction")["Timeout"])
+    stale = int(stack.function("ProcessFunction")["Environment"]["Variables"]["STALE_AFTER_SECONDS"])
+    visibility = int(stack.properties("ProcessQueue")["VisibilityTimeout"])
+
+    assert timeout < stale < visibility
+    assert visibility >= 6 * timeout  # AWS's guidance for an SQS event source
+    assert stale == Settings.model_fields["stale_after_seconds"].default
+    # the sweep finishes before its next run; the dead letters outlive the queue's messages
+    assert int(stack.function("SweepFunction")["Timeout"]) <= 60
+    assert int(stack.properties("DeadLetterQueue")["MessageRetentionPeriod"]) > int(
+        stack.properties("ProcessQueue")["MessageRetentionPeriod"]
+    )
+
+
+def test_the_queues_are_encrypted_with_sqs_managed_keys(stack: Stack) -> None:
+    for queue in ("ProcessQueue", "DeadLetterQueue"):
+        properties = stack.properties(queue)
+        assert properties["SqsManagedSseEnabled"] is True
+        assert "KmsMasterKeyId" not in properties  # S3 cannot send to a queue under alias/aws/sqs
+
+
+def test_new_originals_notify_the_queue_under_the_settings_originals_prefix(stack: Stack) -> None:
+    # GIVEN the stack with its own bucket, for some stage
+    stack = Stack(Stage="prod")
+    settings = Settings(photo_bucket="b" * 3, stage="prod", database_url="postgresql://x")
+    bucket = stack.properties("PhotoBucket")
+
+    # THEN its notification filters on exactly the code's originals prefix, to the queue
+    (notification,) = bucket["NotificationConfiguration"]["QueueConfigurations"]
+    assert notification["Event"] == "s3:ObjectCreated:*"
+    assert notification["Queue"] == "<ProcessQueue.Arn>"
+    assert notification["Filter"]["S3Key"]["Rules"] == [
+        {"Name": "prefix", "Value": settings.originals_prefix}
+    ]
+    # and the functions are told the bucket and stage the keys are made with
+    for name in stack.functions():
+        env = stack.function(name)["Environment"]["Variables"]
+        assert env["PHOTO_BUCKET"] == bucket["BucketName"]
+        assert env["STAGE"] == "prod"
+
+
+def test_the_bucket_waits_for_the_queue_policy_built_from_its_explicit_name(stack: Stack) -> None:
+    bucket = stack.resources()["PhotoBucket"]
+    assert "ProcessQueuePolicy" in bucket["DependsOn"]
+    statements = stack.properties("ProcessQueuePolicy")["PolicyDocument"]["Statement"]
+    (from_s3,) = [s for s in statements if s.get("Principal") == {"Service": "s3.amazonaws.com"}]
+    assert (
+        from_s3["Condition"]["ArnLike"]["aws:SourceArn"]
+        == f"arn:aws:s3:::{bucket['Properties']['BucketName']}"
+    )
+    assert from_s3["Condition"]["StringEquals"]["aws:SourceAccount"] == PSEUDO["AWS::AccountId"]
+    # no !GetAtt on the bucket anywhere in that policy: it would be a circular dependency
+    assert "PhotoBucket" not in str(statements)
+
+
+def test_an_existing_bucket_is_wired_through_eventbridge_instead() -> None:
+    # GIVEN the stack on an existing bucket
+    stack = Stack(ExistingBucketName="their-photos", Stage="dev")
+    resources = stack.resources()
+
+    # THEN no bucket nor notification is created...
+    assert not {"PhotoBucket", "PhotoBucketPolicy", "AccessLogBucket"} & set(resources)
+    # ...an EventBridge rule sends "Object Created" under the originals prefix to the queue...
+    rule = stack.properties("OriginalsCreatedRule")
+    prefix = Settings(
+        photo_bucket="their-photos", stage="dev", database_url="postgresql://x"
+    ).originals_prefix
+    assert rule["EventPattern"] == {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {"bucket": {"name": ["their-photos"]}, "object": {"key": [{"prefix": prefix}]}},
+    }
+    assert [t["Arn"] for t in rule["Targets"]] == ["<ProcessQueue.Arn>"]
+    # ...the queue lets EventBridge send from that rule only...
+    statements = stack.properties("ProcessQueuePolicy")["PolicyDocument"]["Statement"]
+    allowed = [s for s in statements if s["Effect"] == "Allow"]
+    assert allowed == [
+        {
+            "Sid": "OriginalsCreatedByEventBridge",
+            "Effect": "Allow",
+            "Principal": {"Service": "events.amazonaws.com"},
+            "Action": "sqs:SendMessage",
+            "Resource": "<ProcessQueue.Arn>",
+            "Condition": {"ArnEquals": {"aws:SourceArn": "<OriginalsCreatedRule.Arn>"}},
+        }
+    ]
+    # ...and the functions and their permissions name the existing bucket
+    assert stack.function("ProcessFunction")["Environment"]["Variables"]["PHOTO_BUCKET"] == "their-photos"
+    assert "arn:aws:s3:::their-photos/dev/originals/*" in str(stack.properties("ProcessRole"))
+
+
+# --- environment and handlers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("proxy", ["true", "false"])
+def test_the_environment_is_settings_fields_and_validates_as_settings(proxy: str) -> None:
+    stack = Stack(DbHostIsRdsProxy=proxy)
+    fields = {name.upper() for name in Settings.model_fields}
+    for name in stack.functions():
+        env = stack.function(name)["Environment"]["Variables"]
+        # every variable is a Settings field, or one that Powertools or glibc reads
+        assert set(env) - fields <= NOT_SETTINGS, (
+            f"{name}: unknown variables {set(env) - fields - NOT_SETTINGS}"
+        )
+        # in AWS: no endpoint override, no database URL (those exist for `sam local` alone)
+        assert not LOCAL_ONLY & set(env)
+        assert set(Stack(SamLocal="true").function(name)["Environment"]["Variables"]) >= LOCAL_ONLY
+        # every required field is set, and the whole environment is valid Settings
+        required = {f.upper() for f, info in Settings.model_fields.items() if info.is_required()}
+        assert required <= set(env)
+        settings = Settings.from_env(env)
+        assert settings.db_secret_arn == REQUIRED["DbSecretArn"]
+        assert settings.db_host == REQUIRED["DbHost"]
+        assert settings.db_prepare_statements is (proxy == "false")  # off behind RDS Proxy
+        assert settings.database_url is None  # in AWS: from the secret
+
+
+@pytest.mark.parametrize("name", ["ProcessFunction", "SweepFunction"])
+def test_each_handler_exists_and_exports_lambda_handler_on_python312(stack: Stack, name: str) -> None:
+    function = stack.function(name)
+    module, handler = function["Handler"].rsplit(".", 1)
+    source = ROOT / function["CodeUri"] / f"{module}.py"
+    tree = ast.parse(source.read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert handler == "lambda_handler" and handler in defined
+    assert function["Runtime"] == "python3.12"
+    assert function["Architectures"] == ["arm64"]
+    # photo_publish and, through it, pyvips: both layers, of the function's architecture
+    assert function["Layers"] == ["<SharedLayer>", "<VipsLayerArm64>"]
+    assert Stack(Architecture="x86_64").function(name)["Layers"] == ["<SharedLayer>", "<VipsLayerX8664>"]
+
+
+def test_one_vips_layer_per_architecture_each_built_by_its_own_make_target() -> None:
+    makefile = (ROOT / "layers" / "vips" / "Makefile").read_text()
+    for architecture, layer in (("arm64", "VipsLayerArm64"), ("x86_64", "VipsLayerX8664")):
+        resources = Stack(Architecture=architecture).resources()
+        (other,) = {"VipsLayerArm64", "VipsLayerX8664"} - {layer}
+        assert layer in resources and other not in resources
+        assert resources[layer]["Properties"]["CompatibleArchitectures"] == [architecture]
+        assert resources[layer]["Metadata"]["BuildMethod"] == "makefile"
+        assert f"build-{layer}:" in makefile
+    shared = Stack().resources()["SharedLayer"]
+    assert shared["Metadata"]["BuildMethod"] == "makefile"
+    assert "build-SharedLayer:" in (ROOT / "shared" / "Makefile").read_text()
+
+
+def test_the_process_event_source_reports_each_record_and_bounds_concurrency(stack: Stack) -> None:
+    (event,) = stack.function("ProcessFunction")["Events"].values()
+    assert event["Type"] == "SQS"
+    properties = event["Properties"]
+    assert properties["Queue"] == "<ProcessQueue.Arn>"
+    assert properties["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert int(properties["ScalingConfig"]["MaximumConcurrency"]) >= 2
+    assert 1 <= int(properties["BatchSize"]) <= 10
+    assert "ReservedConcurrentExecutions" not in stack.function("ProcessFunction")
+    (schedule,) = stack.function("SweepFunction")["Events"].values()
+    assert schedule["Properties"]["Schedule"] == "rate(1 minute)"
+
+
+# --- IAM: exactly what the code calls -------------------------------------------------------------
+
+# boto3 client methods -> the IAM action each needs.
+AWS_CALLS = {
+    "get_object": "s3:GetObject",
+    "head_object": "s3:GetObject",
+    "download_fileobj": "s3:GetObject",
+    "put_object": "s3:PutObject",
+    "upload_fileobj": "s3:PutObject",
+    "copy_object": "s3:PutObject",
+    "delete_object": "s3:DeleteObject",
+    "list_objects_v2": "s3:ListBucket",
+    "list_objects": "s3:ListBucket",
+    "head_bucket": "s3:ListBucket",
+    "send_message": "sqs:SendMessage",
+    "send_message_batch": "sqs:SendMessage",
+    "receive_message": "sqs:ReceiveMessage",
+    "delete_message": "sqs:DeleteMessage",
+    "delete_message_batch": "sqs:DeleteMessage",
+    "change_message_visibility": "sqs:ChangeMessageVisibility",
+    "change_message_visibility_batch": "sqs:ChangeMessageVisibility",
+    "get_queue_attributes": "sqs:GetQueueAttributes",
+    "get_queue_url": "sqs:GetQueueUrl",
+    "purge_queue": "sqs:PurgeQueue",
+    "start_message_move_task": "sqs:StartMessageMoveTask",
+    "list_message_move_tasks": "sqs:ListMessageMoveTasks",
+    "cancel_message_move_task": "sqs:CancelMessageMoveTask",
+    "get_secret_value": "secretsmanager:GetSecretValue",
+}
+# What each call touches, named as the template's statements resolve: S3 keys by the key layout,
+# SQS by the queue URL the call passes, the secret by its ARN.
+S3_OBJECTS = {"s3:GetObject": "originals", "s3:PutObject": "variants"}
+# Granted for the code's calls without being calls: a missing original is a 404 only with
+# ListBucket on its prefix, and a secret under a customer key needs that key.
+IMPLIED = {"s3:GetObject": {"s3:ListBucket"}, "secretsmanager:GetSecretValue": {"kms:Decrypt"}}
+# Lambda's SQS poller works with the process function's role.
+EVENT_SOURCE = {
+    ("sqs:ReceiveMessage", "ProcessQueue"),
+    ("sqs:DeleteMessage", "ProcessQueue"),
+    ("sqs:GetQueueAttributes", "ProcessQueue"),
+}
+
+
+@dataclass
+class Definition:
+    module: str
+    owner: str | None  # the class, for a method
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+
+
+def _modules() -> dict[str, ast.Module]:
+    modules = {f"photo_publish.{p.stem}": ast.parse(p.read_text()) for p in PACKAGE.glob("*.py")}
+    for function in ("process", "sweep"):
+        modules[f"{function}.app"] = ast.parse((ROOT / "functions" / function / "app.py").read_text())
+    return modules
+
+
+def _definitions() -> dict[tuple[str, str | None, str], Definition]:
+    """Every function and method of the package and the handlers, with its module's imports."""
+    found: dict[tuple[str, str | None, str], Definition] = {}
+    for module, tree in _modules().items():
+        imports: dict[str, tuple[str, str | None]] = {}
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("photo_publish"):
+                for alias in node.names:
+                    target = f"{node.module}.{alias.name}"
+                    # `from photo_publish import bootstrap` is a module; `from x import Y` a name
+                    imports[alias.asname or alias.name] = (
+                        (target, None) if target in _module_names() else (node.module, alias.name)
+                    )
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[(module, None, node.name)] = Definition(module, None, node, imports)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        found[(module, node.name, item.name)] = Definition(module, node.name, item, imports)
+    return found
+
+
+@cache
+def _module_names() -> frozenset[str]:
+    return frozenset(f"photo_publish.{p.stem}" for p in PACKAGE.glob("*.py"))
+
+
+def _callees(
+    definition: Definition, index: dict[tuple[str, str | None, str], Definition]
+) -> Iterator[tuple[str, str | None, str]]:
+    """What a definition may run: by name, as precisely as names allow (a method by its name)."""
+    for node in ast.walk(definition.node):
+        if isinstance(node, ast.Name):
+            yield from _named(definition, node.id, index)
+        elif isinstance(node, ast.Attribute):
+            yield from _attribute(definition, node, index)
+
+
+def _named(
+    definition: Definition, name: str, index: dict[tuple[str, str | None, str], Definition]
+) -> Iterator[tuple[str, str | None, str]]:
+    if (definition.module, None, name) in index:
+        yield (definition.module, None, name)
+    elif name in definition.imports:
+        module, imported = definition.imports[name]
+        if imported is not None:
+            yield (module, None, imported)
+            yield (module, imported, "__init__")  # a class named: its construction
+    else:
+        yield (definition.module, name, "__init__")  # a class of the same module
+
+
+def _attribute(
+    definition: Definition, node: ast.Attribute, index: dict[tuple[str, str | None, str], Definition]
+) -> Iterator[tuple[str, str | None, str]]:
+    owner = node.value.id if isinstance(node.value, ast.Name) else None
+    if owner in definition.imports and definition.imports[owner][1] is None:
+        yield (definition.imports[owner][0], None, node.attr)  # module.function
+    elif owner == "self" and (definition.module, definition.owner, node.attr) in index:
+        yield (definition.module, definition.owner, node.attr)
+    else:
+        yield from (key for key in index if key[2] == node.attr)  # obj.method(): any of that name
+
+
+def _aws_calls(definition: Definition) -> Iterator[tuple[str, str]]:
+    """(IAM action, what it touches) for each boto3 client call in a definition."""
+    for node in ast.walk(definition.node):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        method, receiver = node.func.attr, ast.unparse(node.func.value)
+        if "client" not in receiver and receiver not in ("sqs", "s3"):
+            continue
+        assert method in AWS_CALLS, (
+            f"{definition.module}: unknown AWS call {receiver}.{method}: add it to AWS_CALLS"
+        )
+        action = AWS_CALLS[method]
+        if action.startswith("s3:"):
+            yield action, S3_OBJECTS[action]
+        elif action.startswith("sqs:"):
+            (queue,) = [ast.unparse(k.value) for k in node.keywords if k.arg in ("QueueUrl", "SourceArn")]
+            yield action, "DeadLetterQueue" if "dead" in queue else "ProcessQueue"
+        else:
+            yield action, "DbSecret"
+
+
+def code_calls(function: str) -> set[tuple[str, str]]:
+    """The AWS calls a handler can reach, through the package, with what each one touches."""
+    index = _definitions()
+    todo = [(f"{function}.app", None, "lambda_handler")]
+    seen: set[tuple[str, str | None, str]] = set()
+    calls: set[tuple[str, str]] = set()
+    while todo:
+        key = todo.pop()
+        if key in seen or key not in index:
+            continue
+        seen.add(key)
+        calls |= set(_aws_calls(index[key]))
+        todo.extend(_callees(index[key], index))
+    return calls
+
+
+def role_grants(stack: Stack, role: str) -> set[tuple[str, str]]:
+    """(action, what it touches) for each statement of a role's inline policies."""
+    bucket = stack.function("ProcessFunction")["Environment"]["Variables"]["PHOTO_BUCKET"]
+    stage = stack.params["Stage"]
+    names = {
+        f"arn:aws:s3:::{bucket}/{stage}/originals/*": "originals",
+        f"arn:aws:s3:::{bucket}": "bucket",
+        f"arn:aws:s3:::{bucket}/{stage}/albums/*": "variants",
+        "<ProcessQueue.Arn>": "ProcessQueue",
+        "<DeadLetterQueue.Arn>": "DeadLetterQueue",
+        REQUIRED["DbSecretArn"]: "DbSecret",
+        stack.params["DbSecretKmsKeyArn"]: "DbSecretKey",
+    }
+    grants = set()
+    for policy in stack.properties(role)["Policies"]:
+        for statement in policy["PolicyDocument"]["Statement"]:
+            assert statement["Effect"] == "Allow"
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resources = (
+                statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            )
+            grants |= {(a, names[r]) for a in actions for r in resources}
+    return grants
+
+
+def test_the_operator_commands_are_not_what_the_functions_reach() -> None:
+    # the people-run commands call what no function may: they must not leak into the roles' needs
+    operator = set().union(
+        *(set(_aws_calls(d)) for d in _definitions().values() if d.module.endswith("operator"))
+    )
+    assert ("sqs:StartMessageMoveTask", "DeadLetterQueue") in operator
+    for function in ("process", "sweep"):
+        assert not {a for a, _ in code_calls(function)} & {"sqs:StartMessageMoveTask", "sqs:ReceiveMessage"}
+
+
+@pytest.mark.parametrize(
+    "key_arn", ["", "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"]
+)
+@pytest.mark.parametrize(("function", "role"), [("process", "ProcessRole"), ("sweep", "SweepRole")])
+def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
+    function: str, role: str, key_arn: str
+) -> None:
+    # GIVEN the calls the handler can reach, found in the source
+    stack = Stack(DbSecretKmsKeyArn=key_arn)
+    calls = code_calls(function)
+    assert calls, "no AWS call found: the scan is broken"
+
+    # WHEN the role's statements are read
+    grants = role_grants(stack, role)
+
+    # THEN they are those calls, what the calls imply, and (process) the SQS poller's: no more
+    implied = {(i, "bucket") for a, _ in calls for i in IMPLIED.get(a, ()) if i.startswith("s3:")}
+    if key_arn:
+        implied |= {("kms:Decrypt", "DbSecretKey") for a, _ in calls if a == "secretsmanager:GetSecretValue"}
+    poller = EVENT_SOURCE if function == "process" else set()
+    assert grants == calls | implied | poller
+    if function == "sweep":
+        assert not {a for a, _ in grants if a.startswith("s3:")}  # the sweep touches no photo
+
+
+def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) -> None:
+    statements = {
+        s["Sid"]: s for s in stack.properties("ProcessRole")["Policies"][0]["PolicyDocument"]["Statement"]
+    }
+    bucket = stack.function("ProcessFunction")["Environment"]["Variables"]["PHOTO_BUCKET"]
+    album, photo = uuid4(), uuid4()
+    original = f"arn:aws:s3:::{bucket}/" + original_key("dev", album, photo, "My photo.jpg")
+    variant = f"arn:aws:s3:::{bucket}/" + variant_key(
+        "dev", album, photo, version=1, kind="thumb", ext="webp"
+    )
+    assert fnmatch.fnmatchcase(original, statements["ReadOriginals"]["Resource"])
+    assert fnmatch.fnmatchcase(variant, statements["WriteVariants"]["Resource"])
+    assert not fnmatch.fnmatchcase(variant, statements["ReadOriginals"]["Resource"])
+    assert not fnmatch.fnmatchcase(original, statements["WriteVariants"]["Resource"])
+    listing = statements["ListOriginals"]["Condition"]["StringLike"]["s3:prefix"]
+    assert fnmatch.fnmatchcase(original_key("dev", album, photo, "x.jpg"), listing)
+
+
+# --- alarms and outputs ---------------------------------------------------------------------------
+
+
+def test_the_alarms_watch_dead_letters_queue_age_errors_and_throttles(stack: Stack) -> None:
+    alarms = {
+        (p["Namespace"], p["MetricName"], p["Dimensions"][0]["Value"]): p
+        for name, r in stack.resources().items()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+        for p in [r["Properties"]]
+    }
+    dead_letters = alarms[("AWS/SQS", "ApproximateNumberOfMessagesVisible", "<DeadLetterQueue.QueueName>")]
+    assert (dead_letters["Threshold"], dead_letters["ComparisonOperator"]) == (0, "GreaterThanThreshold")
+    assert ("AWS/SQS", "ApproximateAgeOfOldestMessage", "<ProcessQueue.QueueName>") in alarms
+    assert ("AWS/Lambda", "Errors", "<ProcessFunction>") in alarms
+    assert ("AWS/Lambda", "Throttles", "<ProcessFunction>") in alarms
+    for alarm in alarms.values():
+        assert alarm["AlarmActions"] == ["<AlarmTopic>"]
+        assert alarm["AlarmDescription"]
+    # CloudWatch cannot publish to a topic under the AWS-managed alias/aws/sns key
+    assert stack.properties("AlarmTopic")["KmsMasterKeyId"] == "<StackKey>"
+
+
+def test_every_output_and_parameter_is_described(stack: Stack) -> None:
+    doc = document()
+    assert all(o.get("Description") for o in doc["Outputs"].values())
+    assert all(p.get("Description") for p in doc["Parameters"].values())
+
+
+# --- the layers' packages --------------------------------------------------------------------------
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for text in path.read_text().splitlines():
+        line = text.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            (specifier,) = requirement.specifier
+            assert specifier.operator == "==", f"{path.name}: {line} is not pinned"
+            pins[re.sub(r"[-_.]+", "-", requirement.name).lower()] = specifier.version
+    return pins
+
+
+def test_the_vips_layer_pins_every_runtime_requirement_of_the_project() -> None:
+    layer = ROOT / "layers" / "vips"
+    locked = _pins(layer / "requirements.txt")
+    # the lock holds every direct pin at the same version (`make -C layers/vips lock` after a change)
+    for name, version in _pins(layer / "requirements.in").items():
+        assert locked.get(name) == version, (
+            f"requirements.txt is stale for {name}: run make -C layers/vips lock"
+        )
+    assert "pi-heif" in locked  # HEIC decoding
+    # the project's runtime requirements are in the layer at versions they accept (boto3: the runtime's)
+    for text in (ROOT / "requirements.txt").read_text().splitlines():
+        line = text.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement = Requirement(line)
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        if name == "boto3":
+            assert name not in locked
+            continue
+        assert name in locked, f"{name} (requirements.txt) is not in the vips layer"
+        assert requirement.specifier.contains(locked[name]), f"{name}=={locked[name]} is not {requirement}"
+
+
+def test_checkov_skips_each_carry_their_reason() -> None:
+    config = ROOT / ".checkov.yaml"
+    lines = config.read_text().splitlines()
+    skips = yaml.safe_load(config.read_text())["skip-check"]
+    assert set(skips) == {"CKV_AWS_27", "CKV_AWS_116", "CKV_AWS_115", "CKV_AWS_173"}
+    for skip in skips:
+        index = next(i for i, line in enumerate(lines) if line.strip() == f"- {skip}")
+        reason = []
+        for line in reversed(lines[:index]):
+            if not line.strip().startswith("#"):
+                break
+            reason.append(line)
+        assert len(" ".join(reason)) > 80, f"{skip} has no reason beside it"
+    for name, resource in document()["Resources"].items():
+        for skip in resource.get("Metadata", {}).get("checkov", {}).get("skip", []):
+            assert len(skip.get("comment", "")) > 20, f"{name}: {skip['id']} has no reason"
+
+
+# --- sam local: env/local.json, events/, docker-compose.yml ------------------------------------
+
+LOCAL_ENV = ROOT / "env" / "local.json"
+EVENTS = ROOT / "events"
+SAM_LOCAL_ENVIRONMENT = """
+import json, sys
+from samcli.commands.local.lib.local_lambda import LocalLambdaRunner
+from samcli.lib.providers.sam_function_provider import SamFunctionProvider
+from samcli.lib.providers.sam_stack_provider import SamLocalStackProvider
+
+template, overrides, env_vars = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+stacks, _ = SamLocalStackProvider.get_stacks(template, parameter_overrides=overrides)
+provider = SamFunctionProvider(stacks)
+runner = LocalLambdaRunner(None, provider, ".", ".", aws_region="us-east-1", env_vars_values=json.load(open(env_vars)))
+print(json.dumps({
+    name: {
+        "env": runner._make_env_vars(provider.get(name)).resolve(),
+        "layers": [layer.name for layer in provider.get(name).layers],
+        "architectures": provider.get(name).architectures,
+    }
+    for name in ("ProcessFunction", "SweepFunction")
+}))
+"""
+
+
+def local_env() -> dict[str, str]:
+    variables: dict[str, str] = json.loads(LOCAL_ENV.read_text())["Parameters"]
+    return variables
+
+
+def local_invoke_config() -> dict[str, Any]:
+    config: dict[str, Any] = tomllib.loads((ROOT / "samconfig.toml").read_text())["default"]["local_invoke"][
+        "parameters"
+    ]
+    return config
+
+
+def test_sam_local_gives_the_functions_what_env_local_json_says() -> None:
+    # GIVEN `sam local invoke`'s configuration (samconfig.toml) and its env file
+    config = local_invoke_config()
+    assert config["env_vars"] == "env/local.json"
+    overrides = dict(item.split("=", 1) for item in config["parameter_overrides"].split())
+
+    # WHEN SAM CLI's own code works out each function's environment, as `sam local invoke` does
+    result = _run([tool("python"), "-c", SAM_LOCAL_ENVIRONMENT, TEMPLATE, json.dumps(overrides), LOCAL_ENV])
+    assert result.returncode == 0, result.stderr[-3000:]
+    functions = json.loads(result.stdout.strip().splitlines()[-1])
+
+    # THEN every variable of env/local.json reaches both functions, and they make valid Settings
+    for name, function in functions.items():
+        env = function["env"]
+        assert {k: env.get(k) for k in local_env()} == local_env(), name
+        settings = Settings.from_env(env)
+        assert settings.database_url == local_env()["DATABASE_URL"]
+        assert settings.db_secret_arn is None  # blanked: the local database needs no secret
+        assert env["AWS_ENDPOINT_URL_S3"].startswith("http://minio:")
+        vips = {"arm64": "VipsLayerArm64", "x86_64": "VipsLayerX8664"}[overrides["Architecture"]]
+        assert function["layers"] == ["SharedLayer", vips]
+        assert function["architectures"] == [overrides["Architecture"]]
+
+
+def test_the_sample_events_name_the_local_bucket_and_stage() -> None:
+    env = local_env()
+    photos = set()
+    for name in ("process-s3-notification", "process-job-message"):
+        event = json.loads((EVENTS / f"{name}.json").read_text())
+        (record,) = event["Records"]
+        assert record["eventSourceARN"].endswith(":photo-publish-local-process")
+        (request,) = from_sqs_body(record["body"], bucket=env["PHOTO_BUCKET"], stage=env["STAGE"])
+        photos.add(request.photo_id)
+    assert len(photos) == 1  # both name the same photo
+    sweep = json.loads((EVENTS / "sweep-scheduled.json").read_text())
+    assert sweep["detail-type"] == "Scheduled Event" and sweep["source"] == "aws.events"
+
+
+def test_the_sample_events_run_the_handlers(infra: Infra, db: Engine) -> None:
+    # GIVEN the local bucket and stage, and the photo the sample events name, as the API writes it
+    env = local_env()
+    infra.s3.create_bucket(Bucket=env["PHOTO_BUCKET"])
+    infra.configure(photo_bucket=env["PHOTO_BUCKET"], stage=env["STAGE"])
+    event = json.loads((EVENTS / "process-s3-notification.json").read_text())
+    s3_record = json.loads(event["Records"][0]["body"])["Records"][0]["s3"]
+    key = unquote_plus(s3_record["object"]["key"])
+    photo_id, album_id = key.split("/")[4], key.split("/")[3]
+    with db.begin() as connection:
+        connection.execute(insert(Photo).values(id=photo_id, album_id=album_id, original_key=key))
+        connection.execute(insert(PhotoJob).values(photo_id=photo_id))
+    infra.s3.put_object(Bucket=env["PHOTO_BUCKET"], Key=key, Body=(samples.IMAGES / "Wood.jpg").read_bytes())
+    process, sweep = handlers.load("process"), handlers.load("sweep")
+
+    # WHEN each sample event is handled, as `sam local invoke -e events/...` would
+    published = process.lambda_handler(event, LambdaContext())
+    again = process.lambda_handler(
+        json.loads((EVENTS / "process-job-message.json").read_text()), LambdaContext()
+    )
+    swept = sweep.lambda_handler(json.loads((EVENTS / "sweep-scheduled.json").read_text()), LambdaContext())
+
+    # THEN the photo is published, the job message finds it done, and the sweep finds nothing due
+    assert published == again == {"batchItemFailures": []}
+    with db.connect() as connection:
+        assert connection.scalar(select(Photo.processing_state).where(Photo.id == photo_id)) == "ready"
+    assert swept["resentPending"] == 0
+
+
+def test_the_compose_file_serves_what_env_local_json_and_samconfig_name(stack: Stack) -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    env = local_env()
+    # the network `sam local` joins, and a service for each endpoint the env file names
+    assert compose["networks"]["default"]["name"] == local_invoke_config()["docker_network"]
+    assert set(services) == {"localstack", "minio", "postgres", "setup"}
+    assert all(service["image"] for service in services.values())
+    for variable, service, port in (
+        ("AWS_ENDPOINT_URL", "localstack", 4566),
+        ("AWS_ENDPOINT_URL_SQS", "localstack", 4566),
+        ("AWS_ENDPOINT_URL_S3", "minio", 9000),
+    ):
+        assert env[variable] == f"http://{service}:{port}"
+        assert any(p.endswith(f":{port}") for p in services[service]["ports"]), (service, port)
+    database = make_url(env["DATABASE_URL"])
+    postgres = services["postgres"]["environment"]
+    assert (database.host, database.port) == ("postgres", 5432)
+    assert (database.username, database.password, database.database) == (
+        postgres["POSTGRES_USER"],
+        postgres["POSTGRES_PASSWORD"],
+        postgres["POSTGRES_DB"],
+    )
+    # `setup` makes the bucket and the queues the env file names, the queue as the template does
+    script = services["setup"]["command"][0]
+    assert f"--bucket {env['PHOTO_BUCKET']}" in script
+    for url in (env["PROCESS_QUEUE_URL"], env["DEAD_LETTER_QUEUE_URL"]):
+        assert f"--queue-name {url.rsplit('/', 1)[1]}" in script
+    attributes = json.loads(re.search(r"--attributes '(\{.*\})'", script).group(1))  # type: ignore[union-attr]
+    assert int(attributes["VisibilityTimeout"]) == int(stack.properties("ProcessQueue")["VisibilityTimeout"])
+    redrive = json.loads(attributes["RedrivePolicy"])
+    assert int(redrive["maxReceiveCount"]) == Settings.model_fields["max_receive_count"].default
+    assert redrive["deadLetterTargetArn"].endswith(":" + env["DEAD_LETTER_QUEUE_URL"].rsplit("/", 1)[1])
+    # where the docker CLI has the compose plugin, compose itself checks the file too
+    docker = shutil.which("docker")
+    if (
+        docker
+        and subprocess.run([docker, "compose", "version"], capture_output=True, check=False).returncode == 0
+    ):
+        checked = _run([docker, "compose", "-f", ROOT / "docker-compose.yml", "config", "-q"])
+        assert checked.returncode == 0, checked.stderr
+
+
+# --- the linters ----------------------------------------------------------------------------------
+
+
+def _run(command: list[str | Path], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(c) for c in command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=tool_env(**env),
+        check=False,
+        timeout=300,
+    )
+
+
+def test_sam_validate_lint() -> None:
+    result = _run([tool("sam"), "validate", "--lint", "--template-file", TEMPLATE])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cfn_lint() -> None:
+    result = _run([tool("cfn-lint"), TEMPLATE])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_checkov() -> None:
+    result = _run(
+        [tool("checkov"), "-f", TEMPLATE, "--framework", "cloudformation", "--skip-download", "--compact"]
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"Failed checks: 0\b", result.stdout), result.stdout
