@@ -211,43 +211,52 @@ def test_each_vips_layer_holds_native_code_of_its_architecture_only(build: dict[
         assert found == {machine}, (layer, found)
 
 
-def test_the_built_process_function_publishes_a_photo(
+def test_the_built_process_function_publishes_a_jpeg_and_an_iphone_heic(
     build: dict[str, float], runtime: Path, infra: Infra, db: Engine
 ) -> None:
-    # GIVEN a photo uploaded as the API does, and its S3 notification received from the queue
-    upload = uploads.upload(
-        db,
-        infra.s3,
-        BUCKET,
-        STAGE,
-        file_name="Lady Bird.jpg",
-        data=(samples.IMAGES / "LadyBird.jpg").read_bytes(),
-    )
-    messages = infra.sqs.receive_message(
-        QueueUrl=infra.queues.url, MaxNumberOfMessages=10, WaitTimeSeconds=2, AttributeNames=["All"]
-    )["Messages"]
+    # GIVEN a JPEG and an iPhone-style HEIC (HEVC, irot + EXIF 6, Display P3) uploaded as the API
+    # does, and their S3 notifications received from the queue
+    heic = samples.heic(samples.photograph("Wood.jpg"), 6, profile="p3")
+    shots = [
+        uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=name, data=data)
+        for name, data in (
+            ("Lady Bird.jpg", (samples.IMAGES / "LadyBird.jpg").read_bytes()),
+            ("IMG_0001.HEIC", heic),
+        )
+    ]
+    messages: list[Any] = []
+    while len(messages) < len(shots):
+        messages += infra.sqs.receive_message(
+            QueueUrl=infra.queues.url, MaxNumberOfMessages=10, WaitTimeSeconds=2, AttributeNames=["All"]
+        ).get("Messages", [])
     event = poller.sqs_event(messages, infra.queues.arn)
 
-    # WHEN the built process function handles it under python3.12
+    # WHEN the built process function handles them under python3.12 (pi-heif from the vips layer)
     invoked = run_built("ProcessFunction", runtime, event=event, env=function_env(infra))
 
-    # THEN no record failed and the photo is published once, with both variants in S3
+    # THEN no record failed and both photos are published once, at their displayed size
     assert invoked["result"] == {"batchItemFailures": []}
     with db.connect() as connection:
-        photo = connection.execute(
-            select(Photo.processing_state, Photo.visibility, Photo.entity_version).where(
-                Photo.id == upload.photo_id
+        photos = {
+            row.id: row
+            for row in connection.execute(
+                select(
+                    Photo.id,
+                    Photo.processing_state,
+                    Photo.visibility,
+                    Photo.entity_version,
+                    Photo.width,
+                    Photo.height,
+                )
             )
-        ).one()
-        variants = connection.execute(
-            select(PhotoVariant.storage_key, PhotoVariant.content_type).where(
-                PhotoVariant.photo_id == upload.photo_id
-            )
-        ).all()
+        }
+        variants = connection.execute(select(PhotoVariant.storage_key, PhotoVariant.content_type)).all()
         events = connection.scalar(select(func.count()).select_from(OutboxEvent))
-    assert tuple(photo) == ("ready", "published", 2)
-    assert events == 1
-    assert len(variants) == 2
+    for shot in shots:
+        assert tuple(photos[shot.photo_id])[1:4] == ("ready", "published", 2)
+    assert (photos[shots[1].photo_id].width, photos[shots[1].photo_id].height) == (2560, 1920)
+    assert events == 2
+    assert len(variants) == 4
     for key, content_type in variants:
         head = infra.s3.head_object(Bucket=BUCKET, Key=key)
         assert head["ContentType"] == content_type == "image/webp"
