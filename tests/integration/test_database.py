@@ -16,6 +16,7 @@ from devkit import stack
 from photo_publish.errors import ErrorCode
 from photo_publish.models import Base, Photo, PhotoJob
 from photo_publish.repository import Claimed, Exhausted, NotClaimable, PhotoRepository, StoredVariant
+from tests.rows import job
 
 STALE, ATTEMPTS = 300, 3
 
@@ -29,16 +30,6 @@ def new_photo(db: Engine, *, job: bool = True) -> uuid.UUID:
         if job:
             connection.execute(insert(PhotoJob).values(photo_id=photo_id))
     return photo_id
-
-
-def job(db: Engine, photo_id: uuid.UUID) -> tuple[str, int, str | None]:
-    with db.connect() as connection:
-        row = connection.execute(
-            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(
-                PhotoJob.photo_id == photo_id
-            )
-        ).one()
-    return row.status, row.attempt, row.last_error_code
 
 
 def set_job(db: Engine, photo_id: uuid.UUID, **values: object) -> None:

@@ -21,9 +21,10 @@ from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
 from photo_publish.keys import original_key
-from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.models import OutboxEvent, PhotoJob
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
+from tests.rows import job, photo, published
 
 process = handlers.load("process")
 PUBLISH_UPDATE = "UPDATE photos SET processing_state"
@@ -40,24 +41,6 @@ def poll_until(
         if not poller.poll_once():
             time.sleep(0.05)
     return poller
-
-
-def photo(db: Engine, photo_id: UUID) -> tuple[str, str | None, int]:
-    with db.connect() as c:
-        row = c.execute(
-            select(Photo.processing_state, Photo.error_code, Photo.entity_version).where(Photo.id == photo_id)
-        ).one()
-    return row.processing_state, row.error_code, row.entity_version
-
-
-def job(db: Engine, photo_id: UUID) -> tuple[str, int, str | None]:
-    with db.connect() as c:
-        row = c.execute(
-            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(
-                PhotoJob.photo_id == photo_id
-            )
-        ).one()
-    return row.status, row.attempt, row.last_error_code
 
 
 def events(db: Engine, photo_id: UUID) -> int:
@@ -90,10 +73,6 @@ def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg") -> uploads.Uplo
     return uploads.upload(
         db, infra.s3, BUCKET, STAGE, file_name=name, data=(samples.IMAGES / name).read_bytes()
     )
-
-
-def published(db: Engine, photo_id: UUID) -> Callable[[], bool]:
-    return lambda: photo(db, photo_id)[0] == "ready"
 
 
 @pytest.fixture

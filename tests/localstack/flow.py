@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, select
 
 from devkit import handlers, samples, uploads
 from devkit.poller import Handler, Poller
-from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.models import OutboxEvent
 from tests.conftest import BUCKET, STAGE, Infra
 
 process = handlers.load("process")
@@ -62,31 +62,9 @@ def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg", image: str | No
     return uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=name, data=data)
 
 
-def photo(db: Engine, photo_id: UUID) -> tuple[str, str | None, int]:
-    with db.connect() as c:
-        row = c.execute(
-            select(Photo.processing_state, Photo.error_code, Photo.entity_version).where(Photo.id == photo_id)
-        ).one()
-    return row.processing_state, row.error_code, row.entity_version
-
-
-def job(db: Engine, photo_id: UUID) -> tuple[str, int, str | None]:
-    with db.connect() as c:
-        row = c.execute(
-            select(PhotoJob.status, PhotoJob.attempt, PhotoJob.last_error_code).where(
-                PhotoJob.photo_id == photo_id
-            )
-        ).one()
-    return row.status, row.attempt, row.last_error_code
-
-
 def outbox(db: Engine, photo_id: UUID) -> list[Any]:
     with db.connect() as c:
         return list(c.execute(select(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)).all())
-
-
-def published(db: Engine, photo_id: UUID) -> Callable[[], bool]:
-    return lambda: photo(db, photo_id)[0] == "ready"
 
 
 def messages(infra: Infra, queue_url: str) -> list[dict[str, Any]]:

@@ -29,15 +29,13 @@ from tests.localstack.flow import (
     Recorder,
     count,
     counts,
-    job,
     last_move_task,
     messages,
     outbox,
-    photo,
     poll_until,
-    published,
     upload,
 )
+from tests.rows import job, photo, published
 
 pytestmark = pytest.mark.localstack
 

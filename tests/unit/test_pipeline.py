@@ -19,6 +19,7 @@ from devkit import samples
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.storage import OriginalStream
+from tests.readers import FailingReader
 
 UPRIGHT_NAME = "LadyBird.jpg"
 UPRIGHT_SIZE = (2560, 1600)
@@ -42,23 +43,6 @@ class CountingReader:
         self.sizes.append(size)
         chunk = self._data.read(size)
         self.bytes_read += len(chunk)
-        return chunk
-
-
-class FailingReader:
-    """Serves `data` up to byte `fail_at`, then raises `error` on every read."""
-
-    def __init__(self, data: bytes, fail_at: int, error: Exception) -> None:
-        self._data = io.BytesIO(data)
-        self._fail_at = fail_at
-        self._error = error
-        self._position = 0
-
-    def read(self, size: int, /) -> bytes:
-        if self._position >= self._fail_at:
-            raise self._error
-        chunk = self._data.read(min(size, self._fail_at - self._position))
-        self._position += len(chunk)
         return chunk
 
 
