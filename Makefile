@@ -7,7 +7,7 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack lint typecheck migrate bench build clean
+.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack lint typecheck migrate bench bench-peers build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
@@ -15,6 +15,7 @@ help:
 	@echo "make test-localstack  the S3/SQS tests against a real LocalStack on the host (Python 3.13)"
 	@echo "make migrate   apply the migrations to DATABASE_URL"
 	@echo "make bench     render benchmark against peers measured in the same run"
+	@echo "make bench-peers  sharp/vipsthumbnail/Pillow peers, memory, cold start, cost, plots (~15 min)"
 	@echo "make build     sam build"
 	@echo "make tools     sam, cfn-lint and checkov in .venv-tools (test and build use them)"
 
@@ -81,9 +82,29 @@ bench: venv
 	$(BIN)/python -m benchmarks.sweep
 	$(BIN)/python -m benchmarks.heic
 
+# Peers on Node.js (sharp) and Debian's vipsthumbnail, memory, cold start (python3.12), cost, plots.
+# vipsthumbnail comes from the system (apt-get install libvips-tools); without it, its peer is skipped.
+BENCH_NODE := .local/bench-node
+BENCH312 := .venv-bench312
+
+$(BENCH_NODE)/node_modules/sharp/package.json:
+	npm install --prefix $(BENCH_NODE) sharp@0.35.5
+
+$(BENCH312)/.installed: requirements.txt
+	@test -n "$(PY312_BIN)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 2; }
+	$(PY312_BIN)/python3.12 -m venv $(BENCH312)
+	$(BENCH312)/bin/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+bench-peers: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
+	$(BIN)/python -m benchmarks.compare
+	$(BIN)/python -m benchmarks.memory
+	$(BIN)/python -m benchmarks.coldstart
+	$(BIN)/python -m benchmarks.report
+
 build: tools
 	@test -n "$(PY312_BIN)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 2; }
 	PATH="$(PY312_BIN):$$PATH" SAM_CLI_TELEMETRY=0 $(TOOLS)/bin/sam build
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .aws-sam .local demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(BENCH312) .aws-sam .local demo-output .pytest_cache .mypy_cache .ruff_cache

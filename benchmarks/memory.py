@@ -1,0 +1,241 @@
+"""Issue #7, parts 2 and 3: peak memory on very large images, and memory over time in one process.
+
+Large images (part 2). Made once into .local/bench-corpus from the corpus' 18 MP photograph, by
+libvips without ever holding the big image: the photograph (54 MB decoded) is resized up, repeated
+by replicate() and cropped, and the saver streams it out in strips:
+- Elephants-192MP.jpg, 16000 x 12000, quality 90;
+- Elephants-600MP.png, 30000 x 20000, 8-bit RGB, zlib level 1, no filter.
+Each measurement is a fresh process (MALLOC_ARENA_MAX=2) reporting wall time and VmHWM, the photo
+read as a file stream (never whole into memory):
+- photo-publish: render(stream, RenderOptions(max_input_pixels=10**9)), the pipeline with its pixel
+  limit raised for the measurement: in production (MAX_INPUT_PIXELS, 100 MP) both images are refused
+  from their header (photo-publish-default, measured too, shows that refusal and its cost);
+- pillow: as benchmarks/render.py (draft mode: a JPEG decodes at 1/4 scale; a PNG has no such mode
+  and is decoded whole), with Pillow's decompression-bomb limit lifted;
+- imports: a process doing nothing but the pipeline's imports, the floor under every figure.
+Target: photo-publish's peak bounded by the output, not by the input.
+
+Memory over time (part 3). One process renders RENDERS photos in a row (the corpus' 24 MP, 24 MP
+sideways, 12 MP Display P3 and 8 MP JPEGs in turn, each read from a file stream) and samples its
+resident set (VmRSS) after photo 1 and every 100th. Two processes, run at the same time (the render
+is mostly single-threaded WebP encoding, so they overlap on 2 cores): MALLOC_ARENA_MAX=2 (as in
+Lambda and the Makefile) and MALLOC_ARENA_MAX unset (glibc's default, 8 arenas per core).
+Target: RSS at photo 1,000 within 10% of RSS at photo 100.
+
+BENCH_RENDERS sets the renders per process (default 1000, about 8 minutes on 2 cores);
+BENCH_LARGE_ROUNDS the rounds of the large images (default 3; the 600 MP PNG is measured once).
+Results go to .local/bench-results/memory.json (benchmarks/report.py plots them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyvips
+
+from benchmarks.corpus import CORPUS, photos
+from devkit.stack import ROOT
+
+RENDERS = int(os.environ.get("BENCH_RENDERS", "1000"))
+LARGE_ROUNDS = int(os.environ.get("BENCH_LARGE_ROUNDS", "3"))
+SAMPLE_EVERY = 100
+RESULTS = ROOT / ".local" / "bench-results"
+BIG_JPEG = CORPUS / "Elephants-192MP.jpg"
+BIG_PNG = CORPUS / "Elephants-600MP.png"
+
+PEAK_CHILD = r"""
+import io, json, sys, time
+sys.path[:0] = [{shared!r}]
+peer, path = sys.argv[1], sys.argv[2]
+from photo_publish.errors import PhotoError
+from photo_publish.pipeline import RenderOptions, render
+if peer.startswith("photo-publish"):
+    options = RenderOptions() if peer == "photo-publish-default" else RenderOptions(max_input_pixels=10**9)
+    def run():
+        with open(path, "rb") as stream:
+            try:
+                rendered = render(stream, options)
+            except PhotoError as error:
+                return str(error.code)
+        return "{{}}x{{}} browse".format(*[(v.width, v.height) for v in rendered.variants if v.kind == "browse"][0])
+elif peer == "pillow":
+    from PIL import Image, ImageOps
+    Image.MAX_IMAGE_PIXELS = None
+    def run():
+        image = Image.open(path)
+        image.draft("RGB", (2048, 2048))
+        image = ImageOps.exif_transpose(image).convert("RGB")
+        browse = image.copy()
+        del image
+        browse.thumbnail((2048, 2048), Image.LANCZOS)
+        thumb = browse.copy()
+        thumb.thumbnail((400, 400), Image.LANCZOS)
+        for im in (browse, thumb):
+            im.save(io.BytesIO(), "WEBP", quality=80, method=4)
+        return "{{}}x{{}} browse".format(*browse.size)
+else:
+    def run():
+        return "imports only"
+started = time.perf_counter()
+outcome = run()
+seconds = time.perf_counter() - started
+peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({{"seconds": seconds, "peak_mb": peak_kb / 1024, "outcome": outcome}}))
+"""
+
+OVER_TIME_CHILD = r"""
+import json, sys, time
+sys.path[:0] = [{shared!r}]
+from photo_publish.pipeline import RenderOptions, render
+renders, every, paths = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def rss_mb():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")) / 1024
+options = RenderOptions()
+samples = [{{"photo": 0, "rss_mb": rss_mb(), "seconds": 0.0}}]
+started = time.perf_counter()
+for i in range(1, renders + 1):
+    with open(paths[(i - 1) % len(paths)], "rb") as stream:
+        render(stream, options)
+    if i == 1 or i % every == 0:
+        samples.append({{"photo": i, "rss_mb": rss_mb(), "seconds": time.perf_counter() - started}})
+peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({{"samples": samples, "peak_mb": peak_kb / 1024}}))
+"""
+
+
+def make_large() -> None:
+    """The two large images, made once, in a child process so the generation's memory is not ours."""
+    code = r"""
+import sys, pyvips
+source = pyvips.Image.new_from_file(sys.argv[1]).copy_memory()
+def tiled(width, height):
+    scale = max(width / source.width, height / source.height) / 2
+    tile = source.resize(scale, kernel="lanczos3").copy_memory()
+    across, down = -(-width // tile.width), -(-height // tile.height)
+    return tile.replicate(across, down).crop(0, 0, width, height)
+if sys.argv[2] == "jpeg":
+    tiled(16000, 12000).jpegsave(sys.argv[3], Q=90)
+else:
+    tiled(30000, 20000).pngsave(sys.argv[3], compression=1, filter="none")
+"""
+    source = photos()[0]
+    for kind, path in (("jpeg", BIG_JPEG), ("png", BIG_PNG)):
+        if path.exists():
+            continue
+        partial = path.with_suffix(".partial" + path.suffix)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code, str(source), kind, str(partial)], check=True)
+        partial.rename(path)
+        print(
+            f"made {path.name} in {time.perf_counter() - started:.0f} s ({path.stat().st_size / 2**20:.0f} MB)"
+        )
+
+
+def peak(peer: str, photo: Path) -> dict[str, Any]:
+    code = PEAK_CHILD.format(shared=str(ROOT / "shared"))
+    env = {"MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, peer, str(photo)], capture_output=True, text=True, check=True, env=env
+    )
+    return json.loads(out.stdout)
+
+
+def large_peaks() -> dict[str, dict[str, list[dict[str, Any]]]]:
+    make_large()
+    peers = ("imports", "photo-publish-default", "photo-publish", "pillow")
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for photo, rounds in ((BIG_JPEG, LARGE_ROUNDS), (BIG_PNG, 1)):
+        results[photo.name] = {p: [] for p in peers}
+        for _ in range(rounds):
+            for peer in peers:
+                results[photo.name][peer].append(peak(peer, photo))
+    print("\nlarge images: median wall time and peak memory (VmHWM), fresh process each")
+    for photo, runs in results.items():
+        size = pyvips.Image.new_from_file(str(CORPUS / photo))
+        print(
+            f"{photo} ({size.width} x {size.height}, {(CORPUS / photo).stat().st_size / 2**20:.0f} MB), "
+            f"{len(runs['imports'])} run(s)"
+        )
+        for peer, measured in runs.items():
+            seconds = statistics.median(r["seconds"] for r in measured)
+            peak_mb = statistics.median(r["peak_mb"] for r in measured)
+            print(f"  {peer:22} {seconds:7.2f} s {peak_mb:7.0f} MB  {measured[0]['outcome']}")
+        floor = statistics.median(r["peak_mb"] for r in runs["imports"])
+        ours = statistics.median(r["peak_mb"] for r in runs["photo-publish"])
+        print(f"  photo-publish over imports: {ours - floor:.0f} MB")
+    return results
+
+
+def over_time() -> dict[str, Any]:
+    corpus = {p.name: p for p in photos()}
+    paths = [
+        str(corpus[n])
+        for n in (
+            "Elephants-24MP.jpg",
+            "Elephants-24MP-sideways.jpg",
+            "Elephants-12MP-P3.jpg",
+            "Elephants-8MP.jpg",
+        )
+    ]
+    code = OVER_TIME_CHILD.format(shared=str(ROOT / "shared"))
+    settings = {"MALLOC_ARENA_MAX=2": {"MALLOC_ARENA_MAX": "2"}, "MALLOC_ARENA_MAX unset": {}}
+    started = time.perf_counter()
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", code, str(RENDERS), str(SAMPLE_EVERY), *paths],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", **extra},
+        )
+        for name, extra in settings.items()
+    }
+    results = {}
+    for name, process in running.items():
+        stdout, _ = process.communicate()
+        if process.returncode:
+            raise SystemExit(f"{name}: the rendering process failed ({process.returncode})")
+        results[name] = json.loads(stdout)
+    print(
+        f"\nmemory over time: one process renders {RENDERS} photos in a row (4 corpus JPEGs in turn), "
+        f"both settings at once, {time.perf_counter() - started:.0f} s"
+    )
+    print(f"{'photo':>7}" + "".join(f"{name:>26}" for name in results))
+    for i, _ in enumerate(results["MALLOC_ARENA_MAX=2"]["samples"]):
+        row = [results[name]["samples"][i] for name in results]
+        print(f"{row[0]['photo']:>7}" + "".join(f"{s['rss_mb']:>20.0f} MB RSS" for s in row))
+    print("targets (verdicts, not assertions)")
+    for name, result in results.items():
+        by_photo = {s["photo"]: s["rss_mb"] for s in result["samples"]}
+        if 100 in by_photo and RENDERS in by_photo and RENDERS > 100:
+            growth = by_photo[RENDERS] / by_photo[100] - 1
+            verdict = "MET" if growth <= 0.10 else "MISSED"
+            print(
+                f"  {name:24} RSS at {RENDERS} {by_photo[RENDERS]:.0f} MB vs at 100 {by_photo[100]:.0f} MB: "
+                f"{growth:+.1%} (within 10%: {verdict}); peak {result['peak_mb']:.0f} MB"
+            )
+    return results
+
+
+def main() -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    which = sys.argv[1:] or ["large", "over-time"]
+    summary: dict[str, Any] = {"renders": RENDERS, "large_rounds": LARGE_ROUNDS}
+    if "large" in which:
+        summary["large"] = large_peaks()
+    if "over-time" in which:
+        summary["over_time"] = over_time()
+    target = RESULTS / "memory.json"
+    previous = json.loads(target.read_text()) if target.exists() else {}
+    target.write_text(json.dumps(previous | summary, indent=1))
+    print(f"\nwritten {target.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Issue #7, parts 6 and 7: the Lambda cost table and the plots, from the other benchmarks' results.
+
+Cost (part 6). Lambda gives a function 1 vCPU at 1,769 MB and 2 vCPUs at 3,538 MB; this machine's
+render time is measured here both ways, photo-publish rendering each corpus photo in a fresh process
+(MALLOC_ARENA_MAX=2), pinned to one core (`taskset -c 0`, for 1,769 MB) and on two cores (3,538 MB),
+ROUNDS rounds interleaved, and the median over the corpus taken. GB-seconds per 1,000 photos are that
+time x the memory in GB (MB / 1024) x 1,000, billed to the millisecond; $ adds the request charge.
+Prices (us-east-1, the published Lambda prices): x86_64 $0.0000166667 per GB-s, arm64 $0.0000133334
+per GB-s, $0.20 per 1M requests. The render time is this x86_64 machine's for both architectures
+(arm64 is not measured here: its row differs by price only). The render alone: the S3 read and
+writes, the database and the handler's own start are not in it.
+
+Plots (part 7), PNG, from .local/bench-results/compare.json (benchmarks.compare) and memory.json
+(benchmarks.memory), whichever exist: compare.png (render time, peak memory and SSIM per photo and
+peer) and memory.png (RSS over 1,000 renders, MALLOC_ARENA_MAX=2 and unset).
+
+BENCH_ROUNDS sets the rounds of the cost timing (default 3, about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from benchmarks.corpus import photos
+from devkit.stack import ROOT
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+RESULTS = ROOT / ".local" / "bench-results"
+PRICE_GB_S = {"arm64": 0.0000133334, "x86_64": 0.0000166667}
+PRICE_REQUEST = 0.20 / 1_000_000
+MEMORY_MB = {1769: "0", 3538: "0,1"}  # Lambda memory size -> the cores it is measured on here
+
+CHILD = r"""
+import io, json, sys, time
+sys.path[:0] = [{shared!r}]
+from photo_publish.pipeline import RenderOptions, render
+data = open(sys.argv[1], "rb").read()
+started = time.perf_counter()
+render(io.BytesIO(data), RenderOptions())
+print(json.dumps({{"seconds": time.perf_counter() - started}}))
+"""
+
+
+def render_seconds(cores: str, photo: Path) -> float:
+    code = CHILD.format(shared=str(ROOT / "shared"))
+    env = {"MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
+    command = ["taskset", "-c", cores, sys.executable, "-c", code, str(photo)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    return float(json.loads(out.stdout)["seconds"])
+
+
+def cost_table() -> dict[str, Any]:
+    if shutil.which("taskset") is None:
+        print("SKIPPED cost table: taskset is missing (util-linux)")
+        return {}
+    corpus = photos()
+    runs: dict[int, dict[str, list[float]]] = {mb: {c.name: [] for c in corpus} for mb in MEMORY_MB}
+    for _ in range(ROUNDS):
+        for photo in corpus:
+            for mb, cores in MEMORY_MB.items():
+                runs[mb][photo.name].append(render_seconds(cores, photo))
+    seconds = {
+        mb: statistics.median(statistics.median(v) for v in per_photo.values())
+        for mb, per_photo in runs.items()
+    }
+    print(
+        f"Lambda cost per 1,000 photos, render time measured here (median over the corpus of {ROUNDS} runs)"
+    )
+    print("prices: x86_64 $0.0000166667/GB-s, arm64 $0.0000133334/GB-s, $0.20 per 1M requests")
+    print(f"{'arch':8}{'memory':>9}{'cores here':>12}{'render s':>10}{'GB-s/1000':>11}{'$/1000':>10}")
+    rows = []
+    for arch, price in PRICE_GB_S.items():
+        for mb, cores in MEMORY_MB.items():
+            billed = math.ceil(seconds[mb] * 1000) / 1000
+            gb_s = billed * mb / 1024 * 1000
+            dollars = gb_s * price + 1000 * PRICE_REQUEST
+            rows.append({"arch": arch, "memory_mb": mb, "seconds": seconds[mb], "gb_s": gb_s, "usd": dollars})
+            print(
+                f"{arch:8}{mb:>6} MB{len(cores.split(',')):>12}{seconds[mb]:>10.3f}{gb_s:>11.0f}{dollars:>10.4f}"
+            )
+    return {"rounds": ROUNDS, "seconds": seconds, "rows": rows, "runs": runs}
+
+
+def plot_compare(compare: dict[str, Any]) -> Path:
+    medians = compare["medians"]
+    peers = list(medians)
+    names = compare["photos"]
+    labels = [n.removeprefix("Elephants-").removesuffix(".jpg") for n in names]
+    figure, axes = plt.subplots(1, 3, figsize=(17, 5))
+    width = 0.8 / len(peers)
+    for axis, key, title in zip(
+        axes,
+        ("seconds", "peak_mb", "ssim"),
+        ("render time (s, median)", "peak memory (MB, VmHWM)", "browse SSIM vs lanczos3 reference"),
+        strict=True,
+    ):
+        for i, peer in enumerate(peers):
+            values = [medians[peer][n][key] for n in names]
+            axis.bar([x + i * width for x in range(len(names))], values, width, label=peer)
+        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], labels, rotation=20)
+        axis.set_title(title)
+        if key == "ssim":
+            low = min(medians[p][n][key] for p in peers for n in names)
+            axis.set_ylim(low - 0.005, 1.0)
+    axes[0].legend()
+    figure.suptitle(f"render per photo, fresh process, median of {compare['rounds']} interleaved runs")
+    figure.tight_layout()
+    target = RESULTS / "compare.png"
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+    return target
+
+
+def plot_memory(memory: dict[str, Any]) -> Path:
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for name, result in memory["over_time"].items():
+        samples = result["samples"]
+        axis.plot([s["photo"] for s in samples], [s["rss_mb"] for s in samples], marker="o", label=name)
+    axis.set_xlabel("photos rendered by one process")
+    axis.set_ylabel("resident set (MB, VmRSS)")
+    axis.set_ylim(bottom=0)
+    axis.set_title("memory over time: one process, 24/24-sideways/12-P3/8 MP JPEGs in turn")
+    axis.legend()
+    figure.tight_layout()
+    target = RESULTS / "memory.png"
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+    return target
+
+
+def main() -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    summary = cost_table()
+    if summary:
+        (RESULTS / "cost.json").write_text(json.dumps(summary, indent=1))
+    for name, plot in (("compare.json", plot_compare), ("memory.json", plot_memory)):
+        source = RESULTS / name
+        if not source.exists():
+            print(f"SKIPPED plot: no {source.relative_to(ROOT)} (run its benchmark first)")
+            continue
+        data = json.loads(source.read_text())
+        if name == "memory.json" and "over_time" not in data:
+            print("SKIPPED plot: memory.json has no over_time results")
+            continue
+        print(f"written {plot(data).relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
