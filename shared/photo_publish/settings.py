@@ -37,7 +37,7 @@ class Settings(BaseModel):
     thumb_size: int = Field(400, ge=16)
     browse_size: int = Field(2048, ge=16)
     webp_quality: int = Field(80, ge=1, le=100)
-    webp_effort: int = Field(4, ge=0, le=6)
+    webp_effort: int = Field(2, ge=0, le=6)  # see RenderOptions.effort
     variant_version: int = Field(1, ge=1)
     # Records of a batch worked on side by side (each holds one database connection at a time).
     record_concurrency: int = Field(2, ge=1, le=10)
