@@ -10,7 +10,6 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -24,23 +23,11 @@ from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, PhotoJob
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
+from tests.polling import poll_until
 from tests.rows import job, photo, published
 
 process = handlers.load("process")
 PUBLISH_UPDATE = "UPDATE photos SET processing_state"
-
-
-def poll_until(
-    infra: Infra, done: Callable[[], bool], *, timeout: float = 20, context_seconds: float = 120
-) -> Poller:
-    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=0)
-    poller.timeout_seconds = context_seconds
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out waiting for the queue"
-        if not poller.poll_once():
-            time.sleep(0.05)
-    return poller
 
 
 def events(db: Engine, photo_id: UUID) -> int:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Engine, func, select
 
 from devkit import handlers, samples, uploads
-from devkit.poller import Handler, Poller
+from devkit.poller import Handler
 from photo_publish.models import OutboxEvent
 from tests.conftest import BUCKET, STAGE, Infra
 
@@ -31,30 +30,6 @@ class Recorder:
             self.bodies.append(json.loads(record["body"]))
             self.receive_counts.append(int(record["attributes"]["ApproximateReceiveCount"]))
         return self.handler(event, context)
-
-
-def poll_until(
-    infra: Infra,
-    done: Callable[[], bool],
-    *,
-    handler: Handler = process.lambda_handler,
-    queue_url: str | None = None,
-    queue_arn: str | None = None,
-    timeout: float = 30,
-) -> Poller:
-    poller = Poller(
-        infra.sqs,
-        queue_url or infra.queues.url,
-        queue_arn or infra.queues.arn,
-        handler,
-        wait_seconds=0,
-    )
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out waiting for the queue"
-        if not poller.poll_once():
-            time.sleep(0.05)
-    return poller
 
 
 def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg", image: str | None = None) -> uploads.Upload:

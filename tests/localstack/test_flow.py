@@ -32,9 +32,9 @@ from tests.localstack.flow import (
     last_move_task,
     messages,
     outbox,
-    poll_until,
     upload,
 )
+from tests.polling import poll_until
 from tests.rows import job, photo, published
 
 pytestmark = pytest.mark.localstack

@@ -25,7 +25,7 @@ from photo_publish import heic
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.storage import OriginalStream
-from tests.readers import FailingReader
+from tests.readers import FailingReader, webp_chunks
 
 UPRIGHT_NAME = "LadyBird.jpg"
 UPRIGHT_SIZE = (2560, 1600)
@@ -71,17 +71,6 @@ def difference(a: pyvips.Image, b: pyvips.Image) -> pyvips.Image:
 
 def mean_difference(a: pyvips.Image, b: pyvips.Image) -> float:
     return float(difference(a, b).abs().avg())
-
-
-def webp_chunks(data: bytes) -> list[bytes]:
-    assert data[:4] == b"RIFF"
-    assert data[8:12] == b"WEBP"
-    chunks, offset = [], 12
-    while offset + 8 <= len(data):
-        size = int.from_bytes(data[offset + 4 : offset + 8], "little")
-        chunks.append(data[offset : offset + 4])
-        offset += 8 + size + (size & 1)
-    return chunks
 
 
 def assert_plain_srgb(rendered: Rendered) -> None:

@@ -19,7 +19,7 @@ from devkit import samples
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.storage import OriginalStream
-from tests.readers import FailingReader
+from tests.readers import FailingReader, webp_chunks
 
 UPRIGHT_NAME = "LadyBird.jpg"
 UPRIGHT_SIZE = (2560, 1600)
@@ -90,17 +90,6 @@ def from_pillow(image: Image.Image) -> pyvips.Image:
 def mean_difference(a: pyvips.Image, b: pyvips.Image) -> float:
     assert (a.width, a.height, a.bands) == (b.width, b.height, b.bands)
     return float((a.cast("float") - b.cast("float")).abs().avg())
-
-
-def webp_chunks(data: bytes) -> list[bytes]:
-    assert data[:4] == b"RIFF"
-    assert data[8:12] == b"WEBP"
-    chunks, offset = [], 12
-    while offset + 8 <= len(data):
-        size = int.from_bytes(data[offset + 4 : offset + 8], "little")
-        chunks.append(data[offset : offset + 4])
-        offset += 8 + size + (size & 1)
-    return chunks
 
 
 def assert_plain_srgb(rendered: Rendered) -> None:
