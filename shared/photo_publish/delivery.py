@@ -22,7 +22,6 @@ class RetryLater(Exception):
 
     def __init__(self, results: Sequence[Result]) -> None:
         super().__init__(", ".join(f"{r.photo_id}: {r.code or r.outcome}" for r in results))
-        self.results = results
 
 
 class ConcurrentBatchProcessor(BatchProcessor):

@@ -9,7 +9,7 @@ sweeps at once never send the same row twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
@@ -37,7 +37,6 @@ class SweepSummary:
     send_failed: int = 0
     batches: int = 0
     out_of_time: bool = False
-    failed_ids: list[UUID] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, int | bool]:
         return {
@@ -76,7 +75,6 @@ class Sweeper:
             summary.resent_stale += len(stale) - len(set(unsent) & set(stale))
             summary.worker_lost += len(lost)
             summary.send_failed += len(unsent)
-            summary.failed_ids.extend(unsent)
             if len(pending) < self._batch_size and len(stale) + len(lost) < self._batch_size:
                 break
         return summary
