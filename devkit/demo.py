@@ -68,7 +68,6 @@ def function_environment(settings: Settings) -> None:
             os.environ[name.upper()] = str(value)
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "photo-publish")
     os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "PhotoPublishDemo")
-    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
 
 

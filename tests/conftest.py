@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import Engine, text
 
 # The functions read these at import, as in Lambda; X-Ray has no daemon here.
-os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "photo-publish")
 os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "PhotoPublishTest")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")

@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from photo_publish import bootstrap
 from photo_publish.events import is_s3_event
-from photo_publish.observability import logger, metrics, tracer
+from photo_publish.observability import logger, metrics
 
 
 def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
@@ -26,7 +26,6 @@ def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
 
 
 @logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if not event.get("Records"):

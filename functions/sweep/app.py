@@ -8,11 +8,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from photo_publish import bootstrap
-from photo_publish.observability import logger, metrics, tracer
+from photo_publish.observability import logger, metrics
 
 
 @logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     summary = bootstrap.sweeper().run(lambda: context.get_remaining_time_in_millis() / 1000)

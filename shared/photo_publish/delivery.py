@@ -119,14 +119,15 @@ class Delivery:
             attempt=result.attempt,
             error_code=result.code,
             retry_in=result.retry_in,
+            steps_ms=None if result.steps is None else result.steps.milliseconds(),
         )
         with self._metrics_lock:
             self._metrics.add_metric(name=f"Photos_{result.outcome}", unit=MetricUnit.Count, value=1)
             if result.code is not None:
                 self._metrics.add_metric(name=f"Failures_{result.code}", unit=MetricUnit.Count, value=1)
-            if result.render_seconds is not None:
+            if result.steps is not None:
                 self._metrics.add_metric(
-                    name="RenderDuration", unit=MetricUnit.Milliseconds, value=result.render_seconds * 1000
+                    name="RenderDuration", unit=MetricUnit.Milliseconds, value=result.steps.render * 1000
                 )
                 self._metrics.add_metric(
                     name="VariantBytes", unit=MetricUnit.Bytes, value=result.variant_bytes

@@ -13,7 +13,7 @@ from uuid import UUID
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.keys import variant_key
-from photo_publish.observability import logger, tracer
+from photo_publish.observability import logger
 from photo_publish.pipeline import Readable, RenderOptions, render
 from photo_publish.repository import (
     Claimed,
@@ -47,14 +47,29 @@ class Outcome(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Steps:
+    render: float
+    store: float
+    commit: float
+
+    def milliseconds(self) -> dict[str, int]:
+        return {
+            "render": round(self.render * 1000),
+            "store": round(self.store * 1000),
+            "commit": round(self.commit * 1000),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     outcome: Outcome
     photo_id: UUID
     code: ErrorCode | None = None
     attempt: int | None = None
     retry_in: float | None = None
-    render_seconds: float | None = None
     variant_bytes: int = 0
+    # Seconds per step of a rendered attempt: stream in and render, store the variants, commit.
+    steps: Steps | None = None
 
 
 class OriginalStream(Readable, Protocol):
@@ -152,53 +167,52 @@ class PhotoService:
     def _render_and_publish(self, photo: PhotoRow, attempt: int, remaining: Remaining) -> Result:
         settings = self._settings
         started = time.perf_counter()
-        with tracer.provider.in_subsegment("## render"):
-            stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
-            try:
-                rendered = render(stream, self._options)
-            finally:
-                stream.close()
-        render_seconds = time.perf_counter() - started
+        stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
+        try:
+            rendered = render(stream, self._options)
+        finally:
+            stream.close()
+        rendered_at = time.perf_counter()
 
         stored = []
-        with tracer.provider.in_subsegment("## s3.put"):
-            for variant in rendered.variants:
-                self._budget(remaining, settings.commit_budget_seconds)
-                key = variant_key(
-                    settings.stage,
-                    photo.album_id,
-                    photo.id,
-                    version=settings.variant_version,
-                    kind=variant.kind,
-                    ext=variant.extension,
+        for variant in rendered.variants:
+            self._budget(remaining, settings.commit_budget_seconds)
+            key = variant_key(
+                settings.stage,
+                photo.album_id,
+                photo.id,
+                version=settings.variant_version,
+                kind=variant.kind,
+                ext=variant.extension,
+            )
+            self._store.put_variant(key, variant.data, variant.content_type)
+            stored.append(
+                StoredVariant(
+                    variant.kind,
+                    key,
+                    variant.width,
+                    variant.height,
+                    len(variant.data),
+                    variant.content_type,
                 )
-                self._store.put_variant(key, variant.data, variant.content_type)
-                stored.append(
-                    StoredVariant(
-                        variant.kind,
-                        key,
-                        variant.width,
-                        variant.height,
-                        len(variant.data),
-                        variant.content_type,
-                    )
-                )
+            )
 
         self._budget(remaining, settings.commit_budget_seconds)
-        with tracer.provider.in_subsegment("## transaction"):
-            published = self._repository.publish(
-                photo.id,
-                attempt,
-                width=rendered.width,
-                height=rendered.height,
-                variants=stored,
-                variant_version=settings.variant_version,
-            )
+        stored_at = time.perf_counter()
+        published = self._repository.publish(
+            photo.id,
+            attempt,
+            width=rendered.width,
+            height=rendered.height,
+            variants=stored,
+            variant_version=settings.variant_version,
+        )
+        steps = Steps(rendered_at - started, stored_at - rendered_at, time.perf_counter() - stored_at)
         return Result(
             Outcome(published.outcome),
             photo.id,
             attempt=attempt,
-            render_seconds=render_seconds,
+            steps=steps,
             variant_bytes=sum(v.size for v in stored),
         )
 

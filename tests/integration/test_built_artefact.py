@@ -170,7 +170,6 @@ def function_env(infra: Infra) -> dict[str, str]:
         "PATH": "/usr/bin:/bin",
         "POWERTOOLS_SERVICE_NAME": "photo-publish",
         "POWERTOOLS_METRICS_NAMESPACE": "PhotoPublishTest",
-        "POWERTOOLS_TRACE_DISABLED": "true",  # no X-Ray daemon here
         "POWERTOOLS_LOG_LEVEL": "WARNING",
         "MALLOC_ARENA_MAX": "2",
     }

@@ -140,7 +140,7 @@ def test_concurrent_renders_race_the_conditional_publish_and_exactly_one_wins(
     # THEN the conditional UPDATE let exactly one publish; the seven others answered `already`
     outcomes = Counter(r.outcome for r in results)
     assert outcomes == {Outcome.PUBLISHED: 1, Outcome.ALREADY: 7}
-    assert all(r.render_seconds is not None for r in results)
+    assert all(r.steps is not None for r in results)
     # AND entity_version went up once, with one event; the last claim finished the job
     version, events, status, attempt = published_state(db, upload.photo_id)
     assert (version, events, status) == (2, 1, "done")

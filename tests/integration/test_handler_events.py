@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, insert, select
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext
 from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.observability import logger
 from tests.conftest import BUCKET, Infra, load_event
 
 process = handlers.load("process")
@@ -52,6 +53,29 @@ def test_each_sqs_event_shape_publishes_the_photo(name: str, uploaded: None, db:
     # THEN the record succeeded and the photo is published once
     assert response == {"batchItemFailures": []}
     assert state(db) == ("ready", 2, 1)
+
+
+def test_a_published_records_log_line_carries_its_step_timings(
+    uploaded: None, db: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN an SQS event for an uploaded photo, logged at INFO (the template's level)
+    event = load_event("sqs_job_message")
+    level = logger.log_level
+    logger.setLevel("INFO")
+
+    # WHEN the handler publishes it
+    try:
+        process.lambda_handler(event, LambdaContext())
+    finally:
+        logger.setLevel(level)
+
+    # THEN its "photo processed" line says how long rendering, storing and committing took
+    [line] = [r for r in caplog.records if r.getMessage() == "photo processed"]
+    assert line.outcome == "published"  # type: ignore[attr-defined]
+    steps = line.steps_ms  # type: ignore[attr-defined]
+    assert set(steps) == {"render", "store", "commit"}
+    assert all(isinstance(ms, int) and ms >= 0 for ms in steps.values())
+    assert steps["render"] > 0
 
 
 def test_a_direct_s3_event_publishes_the_photo(uploaded: None, db: Engine) -> None:
