@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Protocol
 from uuid import UUID
@@ -46,18 +46,25 @@ class Outcome(StrEnum):
     RETRY = "retry"
 
 
+def render_options(settings: Settings) -> RenderOptions:
+    return RenderOptions(
+        thumb_size=settings.thumb_size,
+        browse_size=settings.browse_size,
+        quality=settings.webp_quality,
+        effort=settings.webp_effort,
+        max_input_pixels=settings.max_input_pixels,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Steps:
+    claim: float
     render: float
     store: float
     commit: float
 
     def milliseconds(self) -> dict[str, int]:
-        return {
-            "render": round(self.render * 1000),
-            "store": round(self.store * 1000),
-            "commit": round(self.commit * 1000),
-        }
+        return {step: round(seconds * 1000) for step, seconds in asdict(self).items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,8 @@ class Result:
     attempt: int | None = None
     retry_in: float | None = None
     variant_bytes: int = 0
-    # Seconds per step of a rendered attempt: stream in and render, store the variants, commit.
+    # Seconds per step of a rendered attempt: find and claim the photo, stream its original in and
+    # render, store the variants, commit.
     steps: Steps | None = None
 
 
@@ -95,13 +103,7 @@ class PhotoService:
         self._store = store
         self._queue = queue
         self._settings = settings
-        self._options = RenderOptions(
-            thumb_size=settings.thumb_size,
-            browse_size=settings.browse_size,
-            quality=settings.webp_quality,
-            effort=settings.webp_effort,
-            max_input_pixels=settings.max_input_pixels,
-        )
+        self._options = render_options(settings)
 
     def process(
         self, request: PhotoRequest, *, receive_count: int = 1, remaining: Remaining = forever
@@ -115,6 +117,7 @@ class PhotoService:
             return self._unclaimed_failure(request.photo_id, error, receive_count)
 
     def _process(self, request: PhotoRequest, remaining: Remaining) -> Result:
+        started = time.perf_counter()
         photo = self._photo_to_render(request)
         if isinstance(photo, Result):
             return photo
@@ -123,7 +126,7 @@ class PhotoService:
             return attempt
         logger.thread_safe_append_keys(attempt=attempt)
         try:
-            return self._render_and_publish(photo, attempt, remaining)
+            return self._render_and_publish(photo, attempt, remaining, time.perf_counter() - started)
         except PhotoError as error:
             return self._failure(photo.id, attempt, error)
         except Exception as error:
@@ -164,7 +167,9 @@ class PhotoService:
                 return self._final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
         return Result(Outcome.SKIPPED, photo.id)
 
-    def _render_and_publish(self, photo: PhotoRow, attempt: int, remaining: Remaining) -> Result:
+    def _render_and_publish(
+        self, photo: PhotoRow, attempt: int, remaining: Remaining, claim_seconds: float
+    ) -> Result:
         settings = self._settings
         started = time.perf_counter()
         stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
@@ -207,7 +212,9 @@ class PhotoService:
             variants=stored,
             variant_version=settings.variant_version,
         )
-        steps = Steps(rendered_at - started, stored_at - rendered_at, time.perf_counter() - stored_at)
+        steps = Steps(
+            claim_seconds, rendered_at - started, stored_at - rendered_at, time.perf_counter() - stored_at
+        )
         return Result(
             Outcome(published.outcome),
             photo.id,
