@@ -1,4 +1,10 @@
-"""Clients, engine and settings: created once per container, on first use."""
+"""Clients, engine and settings: created once per container, on first use.
+
+Each function imports only its own work: the renderer (pyvips, Powertools' batch utility) is
+imported by the factories of the process function, the sweep by its own, so the sweep function
+never loads libvips. The coldstart benchmark times the process handler's import together with
+these factories, so nothing is hidden from its figure by being imported late.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,20 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 import boto3
-from aws_lambda_powertools import Metrics
 from botocore.config import Config
 from sqlalchemy import Engine
 
 from photo_publish.database import create_database_engine
-from photo_publish.delivery import ConcurrentBatchProcessor, Delivery
 from photo_publish.queue import SqsQueue
-from photo_publish.repository import PhotoRepository
-from photo_publish.service import PhotoService
 from photo_publish.settings import Settings
-from photo_publish.storage import S3Store
-from photo_publish.sweep import Sweeper
 
 if TYPE_CHECKING:
+    from aws_lambda_powertools import Metrics
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_sqs import SQSClient
+
+    from photo_publish.delivery import ConcurrentBatchProcessor, Delivery
+    from photo_publish.sweep import Sweeper
 
 # boto3 reads AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS itself (LocalStack,
 # MinIO, a local server), so nothing here knows about endpoints.
@@ -66,6 +70,11 @@ def queue() -> SqsQueue:
 
 @cache
 def delivery(metrics: Metrics) -> Delivery:
+    from photo_publish.delivery import Delivery
+    from photo_publish.repository import PhotoRepository
+    from photo_publish.service import PhotoService
+    from photo_publish.storage import S3Store
+
     config = settings()
     service = PhotoService(
         PhotoRepository(engine()), S3Store(s3_client(), config.photo_bucket), queue(), config
@@ -75,11 +84,15 @@ def delivery(metrics: Metrics) -> Delivery:
 
 @cache
 def batch_processor() -> ConcurrentBatchProcessor:
+    from photo_publish.delivery import ConcurrentBatchProcessor
+
     return ConcurrentBatchProcessor(workers=settings().record_concurrency)
 
 
 @cache
 def sweeper() -> Sweeper:
+    from photo_publish.sweep import Sweeper
+
     return Sweeper(engine(), queue(), settings())
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Protocol
 from uuid import UUID
 
+from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.keys import variant_key
@@ -24,12 +23,6 @@ from photo_publish.repository import (
     StoredVariant,
 )
 from photo_publish.settings import Settings
-
-Remaining = Callable[[], float]
-
-
-def forever() -> float:
-    return math.inf
 
 
 class Outcome(StrEnum):

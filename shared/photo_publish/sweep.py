@@ -17,10 +17,10 @@ from uuid import UUID
 from sqlalchemy import Engine, and_, case, func, literal_column, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.models import Photo, PhotoJob
 from photo_publish.observability import logger
-from photo_publish.service import Remaining, forever
 from photo_publish.settings import Settings
 
 
