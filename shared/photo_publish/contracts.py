@@ -1,51 +1,177 @@
-"""The payload other services read from the outbox (SPEC 4.2): typed, validated on write."""
+"""The payload other services read from the outbox (SPEC 4.2): typed, validated on write and on read."""
 
-from __future__ import annotations
-
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal, Self
 from uuid import UUID
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
 
 PHOTO_PUBLISHED = "photo.published"
 
 
-class _Contract(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+class InvalidPayload(ValueError):
+    """A photo.published payload that breaks SPEC 4.2; the message names the JSON key and the rule."""
 
 
-class VariantRef(_Contract):
-    key: str = Field(min_length=1)
-    width: int = Field(gt=0)
-    height: int = Field(gt=0)
-    size: int = Field(gt=0, alias="bytes")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VariantRef:
+    key: str
+    width: int
+    height: int
+    size: int
     content_type: str
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise InvalidPayload(f"key must be a non-empty string, got {self.key!r}")
+        _at_least(1, width=self.width, height=self.height, bytes=self.size)
+        if not isinstance(self.content_type, str):
+            raise InvalidPayload(f"contentType must be a string, got {self.content_type!r}")
 
-class PublishedVariants(_Contract):
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishedVariants:
     thumb: VariantRef
     browse: VariantRef
 
+    def __post_init__(self) -> None:
+        for kind, ref in (("thumb", self.thumb), ("browse", self.browse)):
+            if not isinstance(ref, VariantRef):
+                raise InvalidPayload(f"{kind} must be a VariantRef, got {ref!r}")
 
-class PhotoPublishedPayload(_Contract):
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhotoPublishedPayload:
     schema_version: Literal[1] = 1
     photo_id: UUID
     album_id: UUID
     # Post-increment: a photo starts at 1, so a published one is at least 2.
-    entity_version: int = Field(ge=2)
+    entity_version: int
     published_at: datetime
-    width: int = Field(gt=0)
-    height: int = Field(gt=0)
+    width: int
+    height: int
     variants: PublishedVariants
 
-    @field_validator("published_at")
-    @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            raise ValueError("publishedAt must carry a time zone")
-        return value.astimezone(UTC)
+    def __post_init__(self) -> None:
+        # type(): True == 1 and 1.0 == 1, neither of which is schema version 1.
+        if type(self.schema_version) is not int or self.schema_version != 1:
+            raise InvalidPayload(f"schemaVersion must be 1, got {self.schema_version!r}")
+        for key, value in (("photoId", self.photo_id), ("albumId", self.album_id)):
+            if not isinstance(value, UUID):
+                raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
+        _at_least(2, entityVersion=self.entity_version)
+        if not isinstance(self.published_at, datetime) or self.published_at.utcoffset() is None:
+            raise InvalidPayload(f"publishedAt must carry a time zone, got {self.published_at!r}")
+        # One spelling of an instant for every consumer: UTC.
+        object.__setattr__(self, "published_at", self.published_at.astimezone(UTC))
+        _at_least(1, width=self.width, height=self.height)
+        if not isinstance(self.variants, PublishedVariants):
+            raise InvalidPayload(f"variants must be PublishedVariants, got {self.variants!r}")
 
     def to_json(self) -> dict[str, object]:
-        return self.model_dump(mode="json", by_alias=True)
+        """The outbox's document: camelCase keys, ids as strings, publishedAt in ISO-8601 UTC ("Z")."""
+        return {
+            "schemaVersion": self.schema_version,
+            "photoId": str(self.photo_id),
+            "albumId": str(self.album_id),
+            "entityVersion": self.entity_version,
+            "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
+            "width": self.width,
+            "height": self.height,
+            "variants": {
+                "thumb": _variant_json(self.variants.thumb),
+                "browse": _variant_json(self.variants.browse),
+            },
+        }
+
+    @classmethod
+    def from_json(cls, document: object) -> Self:
+        """A consumer's reading of `to_json`'s document: every key present, no other, each valid."""
+        members = _members(document, _PAYLOAD_KEYS, "payload")
+        variants = _members(members["variants"], ("thumb", "browse"), "variants")
+        return cls(
+            schema_version=members["schemaVersion"],
+            photo_id=_uuid("photoId", members["photoId"]),
+            album_id=_uuid("albumId", members["albumId"]),
+            entity_version=members["entityVersion"],
+            published_at=_instant("publishedAt", members["publishedAt"]),
+            width=members["width"],
+            height=members["height"],
+            variants=PublishedVariants(
+                thumb=_variant(variants["thumb"], "variants.thumb"),
+                browse=_variant(variants["browse"], "variants.browse"),
+            ),
+        )
+
+
+_PAYLOAD_KEYS = (
+    "schemaVersion",
+    "photoId",
+    "albumId",
+    "entityVersion",
+    "publishedAt",
+    "width",
+    "height",
+    "variants",
+)
+_VARIANT_KEYS = ("key", "width", "height", "bytes", "contentType")
+
+
+def _at_least(low: int, **values: object) -> None:
+    for key, value in values.items():
+        # True is an int to Python, never a width or a version to a consumer.
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise InvalidPayload(f"{key} must be an integer of at least {low}, got {value!r}")
+
+
+def _variant_json(ref: VariantRef) -> dict[str, object]:
+    return {
+        "key": ref.key,
+        "width": ref.width,
+        "height": ref.height,
+        "bytes": ref.size,
+        "contentType": ref.content_type,
+    }
+
+
+def _variant(document: object, where: str) -> VariantRef:
+    members = _members(document, _VARIANT_KEYS, where)
+    try:
+        return VariantRef(
+            key=members["key"],
+            width=members["width"],
+            height=members["height"],
+            size=members["bytes"],
+            content_type=members["contentType"],
+        )
+    except InvalidPayload as error:
+        raise InvalidPayload(f"{where}.{error}") from None
+
+
+def _members(document: object, keys: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    """`document` as an object with exactly `keys`: a missing key or an unknown one is refused."""
+    if not isinstance(document, Mapping):
+        raise InvalidPayload(f"{where} must be an object, got {document!r}")
+    if missing := [key for key in keys if key not in document]:
+        raise InvalidPayload(f"{where} lacks {', '.join(missing)}")
+    if unknown := [repr(key) for key in document if key not in keys]:
+        raise InvalidPayload(f"{where} has unknown keys {', '.join(unknown)}")
+    return document
+
+
+def _uuid(key: str, value: object) -> UUID:
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
+
+
+def _instant(key: str, value: object) -> datetime:
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    raise InvalidPayload(f"{key} must be an ISO-8601 date and time, got {value!r}")

@@ -1,17 +1,52 @@
 """One frozen settings object, read from the environment and validated at cold start."""
 
-from __future__ import annotations
-
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from types import MappingProxyType, NoneType
+from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+class InvalidSettings(ValueError):
+    """Configuration the functions cannot run with; the message names each variable and its rule."""
 
 
-class Settings(BaseModel):
-    """Every number the template also knows arrives here as an environment variable (SPEC 11)."""
+# What is wrong with a value of the field's type ("must be at least 1"), or None.
+_Rule = Callable[[Any], str | None]
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+
+def _between(low: float, high: float | None = None) -> dict[str, _Rule]:
+    def rule(value: float) -> str | None:
+        if high is None:
+            return None if value >= low else f"must be at least {low}"
+        return None if low <= value <= high else f"must be between {low} and {high}"
+
+    return {"rule": rule}
+
+
+def _min_length(length: int) -> dict[str, _Rule]:
+    return {"rule": lambda value: None if len(value) >= length else f"must be at least {length} characters"}
+
+
+def _pattern(pattern: str) -> dict[str, _Rule]:
+    return {"rule": lambda value: None if re.fullmatch(pattern, value) else f"must match ^{pattern}$"}
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldDefault:
+    default: Any
+
+    def is_required(self) -> bool:
+        return self.default is MISSING
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Every number the template also knows arrives here as an environment variable (SPEC 11).
+
+    Built directly (tests, devkit) or by `from_env`, the same rules hold, checked on construction.
+    """
 
     database_url: str | None = None
     db_secret_arn: str | None = None
@@ -21,41 +56,68 @@ class Settings(BaseModel):
     # preparation is turned off behind it.
     db_prepare_statements: bool = True
 
-    photo_bucket: str = Field(min_length=3)
-    stage: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
+    photo_bucket: str = field(metadata=_min_length(3))
+    stage: str = field(metadata=_pattern("[A-Za-z0-9_-]+"))
     process_queue_url: str = ""
     dead_letter_queue_url: str = ""
 
-    max_attempts: int = Field(3, ge=1)
-    max_receive_count: int = Field(5, ge=1)
-    retry_base_seconds: int = Field(30, ge=0)
-    stale_after_seconds: int = Field(300, ge=0)
-    sweep_after_seconds: int = Field(600, ge=0)
-    max_input_pixels: int = Field(100_000_000, ge=1)
-    max_original_bytes: int = Field(104_857_600, ge=1)
+    max_attempts: int = field(default=3, metadata=_between(1))
+    max_receive_count: int = field(default=5, metadata=_between(1))
+    retry_base_seconds: int = field(default=30, metadata=_between(0))
+    stale_after_seconds: int = field(default=300, metadata=_between(0))
+    sweep_after_seconds: int = field(default=600, metadata=_between(0))
+    max_input_pixels: int = field(default=100_000_000, metadata=_between(1))
+    max_original_bytes: int = field(default=104_857_600, metadata=_between(1))
 
-    thumb_size: int = Field(400, ge=16)
-    browse_size: int = Field(2048, ge=16)
-    webp_quality: int = Field(80, ge=1, le=100)
-    webp_effort: int = Field(2, ge=0, le=6)  # see RenderOptions.effort
-    variant_version: int = Field(1, ge=1)
+    thumb_size: int = field(default=400, metadata=_between(16))
+    browse_size: int = field(default=2048, metadata=_between(16))
+    webp_quality: int = field(default=80, metadata=_between(1, 100))
+    webp_effort: int = field(default=2, metadata=_between(0, 6))  # see RenderOptions.effort
+    variant_version: int = field(default=1, metadata=_between(1))
     # Records of a batch worked on side by side (each holds one database connection at a time).
-    record_concurrency: int = Field(2, ge=1, le=10)
+    record_concurrency: int = field(default=2, metadata=_between(1, 10))
     # Seconds a record needs, at least, to finish once it starts, and to commit once rendered.
-    record_budget_seconds: float = Field(20.0, ge=0)
-    commit_budget_seconds: float = Field(5.0, ge=0)
+    record_budget_seconds: float = field(default=20.0, metadata=_between(0))
+    commit_budget_seconds: float = field(default=5.0, metadata=_between(0))
 
-    @model_validator(mode="after")
-    def _database_configured(self) -> Settings:
-        if not self.database_url and not (self.db_secret_arn and self.db_host):
-            raise ValueError("set DATABASE_URL, or DB_SECRET_ARN and DB_HOST")
-        return self
+    # pydantic's names, kept while code outside this module still uses them (tests/conftest.py,
+    # tests/integration/test_state_machine.py and test_template.py, devkit/demo.py): each stands
+    # in for dataclasses.fields, replace or asdict.
+    model_fields: ClassVar[Mapping[str, _FieldDefault]]
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            # An int is a valid float (`record_budget_seconds=0`), held as a float all the same.
+            if spec.type is float and _KINDS[float].accepts(value):
+                object.__setattr__(self, spec.name, float(value))
+        problems = _problems({spec.name: getattr(self, spec.name) for spec in fields(self)})
+        if problems:
+            raise InvalidSettings("; ".join(problems))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Each field from the variable of its name in upper case; others, and empty ones, ignored."""
         env = os.environ if environ is None else environ
-        values = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper())}
-        return cls.model_validate(values)
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for spec in fields(cls):
+            variable, text = spec.name.upper(), env.get(spec.name.upper())
+            if not text:
+                if spec.default is MISSING:
+                    problems.append(f"{variable} is required")
+                continue
+            kind = _KINDS[spec.type]
+            try:
+                values[spec.name] = kind.parse(text)
+            except ValueError:
+                problems.append(f"{variable} must be {kind.noun}, got {text!r}")
+        # Everything wrong at once: the operator fixes the environment in one deployment, not one
+        # variable per failed cold start.
+        problems += _problems(values)
+        if problems:
+            raise InvalidSettings("; ".join(problems))
+        return cls(**values)
 
     @property
     def originals_prefix(self) -> str:
@@ -64,3 +126,95 @@ class Settings(BaseModel):
     def backoff_seconds(self, attempt: int) -> int:
         """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
         return int(self.retry_base_seconds * 2 ** max(attempt - 1, 0))
+
+    @classmethod
+    def model_validate(cls, values: Mapping[str, Any]) -> Self:
+        return cls(**values)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Self:
+        return replace(self, **(update or {}))
+
+    def model_dump(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Settings.model_fields = MappingProxyType(
+    {spec.name: _FieldDefault(spec.default) for spec in fields(Settings)}
+)
+
+
+# A variable's text is read as pydantic read it before, so that no deployed value changes meaning.
+_INTEGER = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")
+# Unicode's White_Space: str.strip() would also take the separators \x1c-\x1f, which pydantic kept.
+_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _parse_int(text: str) -> int:
+    # Whitespace around, a sign, "_" between digits, a zero fraction ("3.0"); ASCII digits only.
+    text = text.strip(_SPACE)
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(text)
+    return int(text.partition(".")[0])
+
+
+def _parse_float(text: str) -> float:
+    # "_" only between other characters, one at a time and with no whitespace around the number
+    # ("1_000.5"); ASCII only, which float() alone is not.
+    if "_" in text:
+        if text != text.strip(_SPACE) or text.startswith("_") or text.endswith("_") or "__" in text:
+            raise ValueError(text)
+        text = text.replace("_", "")
+    text = text.strip(_SPACE)
+    if not text.isascii() or text != text.strip():
+        raise ValueError(text)
+    return float(text)
+
+
+def _parse_bool(text: str) -> bool:
+    # Exactly these words, in any case; " true" is refused, as before.
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    noun: str
+    parse: Callable[[str], object]
+    types: tuple[type, ...]
+
+    def accepts(self, value: object) -> bool:
+        # True is an int to Python, never a number to these settings.
+        return isinstance(value, self.types) and (bool in self.types or not isinstance(value, bool))
+
+
+# Keyed by the fields' annotations themselves, which `from __future__ import annotations` would turn
+# into strings: this module does without it.
+_KINDS: dict[object, _Kind] = {
+    str: _Kind("a string", str, (str,)),
+    str | None: _Kind("a string", str, (str, NoneType)),
+    int: _Kind("an integer", _parse_int, (int,)),
+    float: _Kind("a number", _parse_float, (int, float)),
+    bool: _Kind("true or false (or 1/0, yes/no, on/off)", _parse_bool, (bool,)),
+}
+
+
+def _problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the fields present in `values`, each named by its variable."""
+    problems = []
+    for spec in fields(Settings):
+        if spec.name not in values:
+            continue
+        variable, value, kind = spec.name.upper(), values[spec.name], _KINDS[spec.type]
+        broken = None if kind.accepts(value) else f"must be {kind.noun}"
+        if broken is None and "rule" in spec.metadata:
+            broken = spec.metadata["rule"](value)
+        if broken is not None:
+            problems.append(f"{variable} {broken}, got {value!r}")
+    if not values.get("database_url") and not (values.get("db_secret_arn") and values.get("db_host")):
+        problems.append("set DATABASE_URL, or DB_SECRET_ARN and DB_HOST")
+    return problems

@@ -15,6 +15,7 @@ import platform
 import subprocess
 import textwrap
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +75,14 @@ DRIVER = textwrap.dedent(
             return int((self.deadline - time.monotonic()) * 1000)
 
     result = app.lambda_handler(json.load(sys.stdin), Context()) if mode == "invoke" else None
-    import pyvips, pi_heif, sqlalchemy, pydantic_core, psycopg, photo_publish
+    import pyvips, pi_heif, sqlalchemy, psycopg, photo_publish
     print(json.dumps({
         "python": list(sys.version_info[:2]),
         "import_seconds": imported,
         "result": result,
         "pyvips": pyvips.__version__,
         "libvips": pyvips.version(0) * 100 + pyvips.version(1),
-        "from": {m.__name__: m.__file__ for m in (app, pyvips, pi_heif, sqlalchemy, pydantic_core, psycopg, photo_publish)},
+        "from": {m.__name__: m.__file__ for m in (app, pyvips, pi_heif, sqlalchemy, psycopg, photo_publish)},
         "psycopg_impl": psycopg.pq.__impl__,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }))
@@ -162,9 +163,7 @@ def function_env(infra: Infra) -> dict[str, str]:
     """The environment the template gives the functions, pointing at this test's stack."""
     import os
 
-    env = {
-        name.upper(): str(value) for name, value in infra.settings.model_dump().items() if value is not None
-    }
+    env = {name.upper(): str(value) for name, value in asdict(infra.settings).items() if value is not None}
     env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     env |= {
         "PATH": "/usr/bin:/bin",
@@ -181,7 +180,7 @@ def test_the_built_layers_hold_python312_bytecode_and_the_pinned_packages(
 ) -> None:
     # GIVEN the built layers: every module compiled by python3.12, used as it is
     bytecode = run_built("ProcessFunction", runtime, mode="bytecode")
-    assert bytecode["modules"] > 1000
+    assert bytecode["modules"] > 500  # some 850: a floor an empty or half-built layer misses
     assert bytecode["missing"] == [] and bytecode["other"] == []
 
     # WHEN each built handler is imported by python3.12 with the layers

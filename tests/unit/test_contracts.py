@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
 from uuid import UUID
 
 import pytest
-from pydantic import ValidationError
 
-from photo_publish.contracts import PhotoPublishedPayload
+import photo_publish
+from photo_publish.contracts import InvalidPayload, PhotoPublishedPayload, PublishedVariants, VariantRef
 from photo_publish.errors import ErrorCode, PhotoError
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
@@ -31,8 +35,11 @@ def variant(kind: str, **overrides: Any) -> dict[str, Any]:
 
 
 def payload(**overrides: Any) -> PhotoPublishedPayload:
-    """A payload as the publish transaction writes it, with some fields changed."""
-    fields = {
+    """A payload as the publish transaction writes it, with some fields changed.
+
+    `variants` is given as {kind: {field: value}}, so that a case can break one variant's field.
+    """
+    fields: dict[str, Any] = {
         "photo_id": PHOTO_ID,
         "album_id": ALBUM_ID,
         "entity_version": 2,
@@ -41,7 +48,9 @@ def payload(**overrides: Any) -> PhotoPublishedPayload:
         "height": 2500,
         "variants": {"thumb": variant("thumb"), "browse": variant("browse", width=2048, height=1280)},
     }
-    return PhotoPublishedPayload.model_validate(fields | overrides)
+    fields |= overrides
+    refs = {kind: VariantRef(**ref) for kind, ref in fields.pop("variants").items()}
+    return PhotoPublishedPayload(**fields, variants=PublishedVariants(**refs))
 
 
 def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
@@ -101,8 +110,8 @@ def test_the_payload_json_round_trips_through_the_model() -> None:
     original = payload(published_at=PUBLISHED_AT.astimezone(timezone(timedelta(hours=9))))
     document = json.loads(json.dumps(original.to_json()))
 
-    # WHEN the consumer validates it by its aliases
-    read_back = PhotoPublishedPayload.model_validate(document, by_alias=True)
+    # WHEN the consumer validates it
+    read_back = PhotoPublishedPayload.from_json(document)
 
     # THEN it reads back the same payload
     assert read_back == original
@@ -112,28 +121,57 @@ THUMB = variant("thumb")
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("overrides", "rule"),
     [
-        pytest.param({"entity_version": 1}, id="entity-version-1"),
-        pytest.param({"published_at": datetime(2026, 11, 29, 10, 15, 30)}, id="naive-datetime"),
-        pytest.param({"schema_version": 2}, id="unknown-schema-version"),
-        pytest.param({"variants": {"thumb": THUMB}}, id="missing-browse"),
-        pytest.param({"variants": {"browse": THUMB}}, id="missing-thumb"),
-        pytest.param({"width": 0}, id="zero-width"),
-        pytest.param({"height": -1}, id="negative-height"),
         pytest.param(
-            {"variants": {"thumb": variant("thumb", width=0), "browse": THUMB}}, id="zero-variant-width"
+            {"entity_version": 1}, "entityVersion must be an integer of at least 2", id="entity-version-1"
+        ),
+        pytest.param(
+            {"published_at": datetime(2026, 11, 29, 10, 15, 30)},
+            "publishedAt must carry a time zone",
+            id="naive-datetime",
+        ),
+        pytest.param({"schema_version": 2}, "schemaVersion must be 1", id="unknown-schema-version"),
+        pytest.param({"schema_version": True}, "schemaVersion must be 1", id="schema-version-true"),
+        pytest.param({"width": 0}, "width must be an integer of at least 1", id="zero-width"),
+        pytest.param({"height": -1}, "height must be an integer of at least 1", id="negative-height"),
+        pytest.param({"width": 4000.0}, "width must be an integer", id="float-width"),
+        pytest.param({"photo_id": str(PHOTO_ID)}, "photoId must be a UUID", id="photo-id-as-text"),
+        pytest.param(
+            {"variants": {"thumb": variant("thumb", width=0), "browse": THUMB}},
+            "width must be an integer of at least 1",
+            id="zero-variant-width",
         ),
         pytest.param(
             {"variants": {"thumb": variant("thumb", height=-1), "browse": THUMB}},
+            "height must be an integer of at least 1",
             id="negative-variant-height",
         ),
         pytest.param(
-            {"variants": {"thumb": variant("thumb", size=0), "browse": THUMB}}, id="zero-variant-bytes"
+            {"variants": {"thumb": variant("thumb", size=0), "browse": THUMB}},
+            "bytes must be an integer of at least 1",
+            id="zero-variant-bytes",
         ),
         pytest.param(
-            {"variants": {"thumb": variant("thumb", key=""), "browse": THUMB}}, id="empty-variant-key"
+            {"variants": {"thumb": variant("thumb", key=""), "browse": THUMB}},
+            "key must be a non-empty string",
+            id="empty-variant-key",
         ),
+    ],
+)
+def test_an_invalid_payload_is_refused_on_write(overrides: dict[str, Any], rule: str) -> None:
+    # GIVEN a payload that breaks a rule of SPEC 4.2
+    # WHEN it is built
+    # THEN it is refused before it reaches the outbox, naming the key and the rule
+    with pytest.raises(InvalidPayload, match=f"^{rule}"):
+        payload(**overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"variants": {"thumb": THUMB}}, id="missing-browse"),
+        pytest.param({"variants": {"browse": THUMB}}, id="missing-thumb"),
         pytest.param({"unexpected": "field"}, id="extra-field"),
         pytest.param({"variants": {"thumb": THUMB, "browse": THUMB, "poster": THUMB}}, id="extra-variant"),
         pytest.param(
@@ -141,12 +179,119 @@ THUMB = variant("thumb")
         ),
     ],
 )
-def test_an_invalid_payload_is_refused_on_write(overrides: dict[str, Any]) -> None:
-    # GIVEN a payload that breaks SPEC 4.2
+def test_a_payload_of_the_wrong_shape_cannot_be_built(overrides: dict[str, Any]) -> None:
+    # GIVEN a payload with a field or a variant missing, or one SPEC 4.2 does not have
     # WHEN it is built
     # THEN it is refused before it reaches the outbox
-    with pytest.raises(ValidationError):
+    with pytest.raises(
+        TypeError, match=r"missing 1 required keyword-only argument|unexpected keyword argument"
+    ):
         payload(**overrides)
+
+
+def document(**changes: Any) -> dict[str, Any]:
+    """The outbox's JSON of the default payload, as a consumer reads it, with some keys changed."""
+    read: dict[str, Any] = json.loads(json.dumps(payload().to_json()))
+    return read | changes
+
+
+def without(mapping: dict[str, Any], key: str) -> dict[str, Any]:
+    return {name: value for name, value in mapping.items() if name != key}
+
+
+BROWSE = document()["variants"]["browse"]
+
+
+@pytest.mark.parametrize(
+    ("changed", "error"),
+    [
+        *[
+            pytest.param(without(document(), key), f"payload lacks {key}$", id=f"missing-{key}")
+            for key in document()
+        ],
+        pytest.param(document(etag="x"), "payload has unknown keys 'etag'$", id="unknown-key"),
+        pytest.param(document(variants={"browse": BROWSE}), "variants lacks thumb$", id="missing-thumb"),
+        pytest.param(
+            document(variants={"thumb": BROWSE, "browse": BROWSE, "poster": BROWSE}),
+            "variants has unknown keys 'poster'$",
+            id="unknown-variant",
+        ),
+        pytest.param(
+            document(variants={"thumb": without(BROWSE, "bytes"), "browse": BROWSE}),
+            "variants.thumb lacks bytes$",
+            id="missing-variant-bytes",
+        ),
+        pytest.param(
+            document(variants={"thumb": BROWSE | {"size": 1}, "browse": BROWSE}),
+            "variants.thumb has unknown keys 'size'$",
+            id="snake-case-variant-key",
+        ),
+        pytest.param(
+            document(variants={"thumb": BROWSE, "browse": BROWSE | {"width": 0}}),
+            "variants.browse.width must be an integer of at least 1, got 0$",
+            id="zero-variant-width",
+        ),
+        pytest.param(
+            document(variants={"thumb": BROWSE, "browse": BROWSE | {"bytes": "88210"}}),
+            "variants.browse.bytes must be an integer",
+            id="variant-bytes-as-text",
+        ),
+        pytest.param(document(variants=[BROWSE, BROWSE]), "variants must be an object", id="variants-a-list"),
+        pytest.param(document(schemaVersion=2), "schemaVersion must be 1, got 2$", id="schema-version-2"),
+        pytest.param(
+            document(entityVersion=1), "entityVersion must be an integer of at least 2", id="version-1"
+        ),
+        pytest.param(document(width=True), "width must be an integer", id="width-true"),
+        pytest.param(document(height=2500.0), "height must be an integer", id="height-a-float"),
+        pytest.param(document(photoId="not-a-uuid"), "photoId must be a UUID", id="photo-id-not-a-uuid"),
+        pytest.param(document(albumId=None), "albumId must be a UUID", id="album-id-null"),
+        pytest.param(
+            document(publishedAt="2026-11-29T10:15:30"), "publishedAt must carry a time zone", id="naive-time"
+        ),
+        pytest.param(
+            document(publishedAt="yesterday"),
+            "publishedAt must be an ISO-8601 date and time",
+            id="not-a-time",
+        ),
+        pytest.param(
+            document(publishedAt=1_700_000_000), "publishedAt must be an ISO-8601 date and time", id="epoch"
+        ),
+    ],
+)
+def test_a_consumer_refuses_a_document_that_breaks_the_contract(changed: Any, error: str) -> None:
+    # GIVEN an outbox document with a key missing, one SPEC 4.2 does not have, or a wrong value
+    # WHEN a consumer reads it
+    # THEN it is refused, naming where
+    with pytest.raises(InvalidPayload, match=f"^{error}"):
+        PhotoPublishedPayload.from_json(changed)
+
+
+@pytest.mark.parametrize("changed", [None, [], "payload"], ids=["null", "list", "text"])
+def test_a_consumer_refuses_a_document_that_is_no_object(changed: Any) -> None:
+    # GIVEN JSON that is not an object at all
+    # WHEN / THEN a consumer refuses it
+    with pytest.raises(InvalidPayload, match=r"^payload must be an object"):
+        PhotoPublishedPayload.from_json(changed)
+
+
+def test_reading_the_contract_loads_no_validation_library() -> None:
+    # GIVEN a fresh interpreter, as at a Lambda cold start
+    shared = Path(photo_publish.__file__).parents[1]
+    code = "import sys, photo_publish.contracts; print(*sorted(sys.modules))"
+
+    # WHEN it imports the contract
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=os.environ | {"PYTHONPATH": str(shared)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    # THEN pydantic (about 150 ms of the handler's import) is not loaded
+    loaded = set(result.stdout.split())
+    assert "photo_publish.contracts" in loaded
+    assert not {"pydantic", "pydantic_core", "annotated_types"} & loaded
 
 
 # Error codes (SPEC 5): the user's bad input is permanent, everything else may succeed next time.
