@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def settings_for(database_url: str, *, queue_url: str, dead_letter_url: str, **o
         "process_queue_url": queue_url,
         "dead_letter_queue_url": dead_letter_url,
     }
-    return Settings.model_validate(values | overrides)
+    return Settings(**(values | overrides))
 
 
 @dataclass
@@ -86,8 +86,8 @@ class Infra:
 
     def configure(self, **overrides: Any) -> Settings:
         """Point the functions' environment at this test's stack (as the template would)."""
-        self.settings = self.settings.model_copy(update=overrides)
-        for name, value in self.settings.model_dump().items():
+        self.settings = replace(self.settings, **overrides)
+        for name, value in asdict(self.settings).items():
             if value is not None:
                 self.monkeypatch.setenv(name.upper(), str(value))
         bootstrap.reset()

@@ -3,9 +3,9 @@
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from types import MappingProxyType, NoneType
-from typing import Any, ClassVar, Self
+from dataclasses import MISSING, dataclass, field, fields
+from types import NoneType
+from typing import Any, Self
 
 
 class InvalidSettings(ValueError):
@@ -31,14 +31,6 @@ def _min_length(length: int) -> dict[str, _Rule]:
 
 def _pattern(pattern: str) -> dict[str, _Rule]:
     return {"rule": lambda value: None if re.fullmatch(pattern, value) else f"must match ^{pattern}$"}
-
-
-@dataclass(frozen=True, slots=True)
-class _FieldDefault:
-    default: Any
-
-    def is_required(self) -> bool:
-        return self.default is MISSING
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,11 +72,6 @@ class Settings:
     record_budget_seconds: float = field(default=20.0, metadata=_between(0))
     commit_budget_seconds: float = field(default=5.0, metadata=_between(0))
 
-    # pydantic's names, kept while code outside this module still uses them (tests/conftest.py,
-    # tests/integration/test_state_machine.py and test_template.py, devkit/demo.py): each stands
-    # in for dataclasses.fields, replace or asdict.
-    model_fields: ClassVar[Mapping[str, _FieldDefault]]
-
     def __post_init__(self) -> None:
         for spec in fields(self):
             value = getattr(self, spec.name)
@@ -109,7 +96,7 @@ class Settings:
                 continue
             kind = _KINDS[spec.type]
             try:
-                values[spec.name] = kind.parse(text)
+                values[spec.name] = kind.parse(text.strip())
             except ValueError:
                 problems.append(f"{variable} must be {kind.noun}, got {text!r}")
         # Everything wrong at once: the operator fixes the environment in one deployment, not one
@@ -127,56 +114,11 @@ class Settings:
         """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
         return int(self.retry_base_seconds * 2 ** max(attempt - 1, 0))
 
-    @classmethod
-    def model_validate(cls, values: Mapping[str, Any]) -> Self:
-        return cls(**values)
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Self:
-        return replace(self, **(update or {}))
-
-    def model_dump(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-Settings.model_fields = MappingProxyType(
-    {spec.name: _FieldDefault(spec.default) for spec in fields(Settings)}
-)
-
-
-# A variable's text is read as pydantic read it before, so that no deployed value changes meaning.
-_INTEGER = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")
-# Unicode's White_Space: str.strip() would also take the separators \x1c-\x1f, which pydantic kept.
-_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
-_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def _parse_int(text: str) -> int:
-    # Whitespace around, a sign, "_" between digits, a zero fraction ("3.0"); ASCII digits only.
-    text = text.strip(_SPACE)
-    if not _INTEGER.fullmatch(text):
-        raise ValueError(text)
-    return int(text.partition(".")[0])
-
-
-def _parse_float(text: str) -> float:
-    # "_" only between other characters, one at a time and with no whitespace around the number
-    # ("1_000.5"); ASCII only, which float() alone is not.
-    if "_" in text:
-        if text != text.strip(_SPACE) or text.startswith("_") or text.endswith("_") or "__" in text:
-            raise ValueError(text)
-        text = text.replace("_", "")
-    text = text.strip(_SPACE)
-    if not text.isascii() or text != text.strip():
-        raise ValueError(text)
-    return float(text)
-
 
 def _parse_bool(text: str) -> bool:
-    # Exactly these words, in any case; " true" is refused, as before.
-    if text.lower() in _TRUE:
+    if text.lower() in ("1", "true", "yes", "on"):
         return True
-    if text.lower() in _FALSE:
+    if text.lower() in ("0", "false", "no", "off"):
         return False
     raise ValueError(text)
 
@@ -197,8 +139,8 @@ class _Kind:
 _KINDS: dict[object, _Kind] = {
     str: _Kind("a string", str, (str,)),
     str | None: _Kind("a string", str, (str, NoneType)),
-    int: _Kind("an integer", _parse_int, (int,)),
-    float: _Kind("a number", _parse_float, (int, float)),
+    int: _Kind("an integer", int, (int,)),
+    float: _Kind("a number", float, (int, float)),
     bool: _Kind("true or false (or 1/0, yes/no, on/off)", _parse_bool, (bool,)),
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -84,8 +84,8 @@ class JobStateMachine(RuleBasedStateMachine):
         super().__init__()
         with self.engine.begin() as connection:
             connection.execute(text(f"TRUNCATE {TABLES} CASCADE"))
-        self.settings = self.base.model_copy(
-            update={"retry_base_seconds": 60, "stale_after_seconds": 300, "sweep_after_seconds": 600}
+        self.settings = replace(
+            self.base, retry_base_seconds=60, stale_after_seconds=300, sweep_after_seconds=600
         )
         self.store, self.queue = Store(), Queue()
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)

@@ -9,6 +9,7 @@ pin many packages the project's own environment must not share.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import fnmatch
 import json
 import os
@@ -247,6 +248,8 @@ SHARED_NUMBERS = {
     "MAX_ORIGINAL_BYTES": "max_original_bytes",
 }
 # Environment the functions get that is not a Settings field: read by Powertools or glibc.
+# The defaults Settings falls back on, which the template must agree with.
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 NOT_SETTINGS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "MALLOC_ARENA_MAX"}
 # boto3's own endpoint variables, declared for `sam local` only (SamLocal=true), with DATABASE_URL.
 LOCAL_ONLY = {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS", "DATABASE_URL"}
@@ -268,13 +271,13 @@ def test_every_number_the_code_knows_comes_from_the_mappings_with_the_settings_d
         # THEN it is the code's default
         for name in stack.functions():
             value = stack.function(name)["Environment"]["Variables"][variable]
-            assert int(value) == Settings.model_fields[setting].default, (name, variable)
+            assert int(value) == DEFAULTS[setting], (name, variable)
 
 
 def test_the_redrive_dead_letters_after_max_receive_count(stack: Stack) -> None:
     redrive = stack.properties("ProcessQueue")["RedrivePolicy"]
     assert redrive["deadLetterTargetArn"] == "<DeadLetterQueue.Arn>"
-    assert int(redrive["maxReceiveCount"]) == Settings.model_fields["max_receive_count"].default
+    assert int(redrive["maxReceiveCount"]) == DEFAULTS["max_receive_count"]
     # the DLQ accepts dead letters from the process queue alone
     allow = stack.properties("DeadLetterQueue")["RedriveAllowPolicy"]
     assert allow["redrivePermission"] == "byQueue"
@@ -290,7 +293,7 @@ def test_timing_invariant_process_timeout_stale_after_visibility(stack: Stack) -
 
     assert timeout < stale < visibility
     assert visibility >= 6 * timeout  # AWS's guidance for an SQS event source
-    assert stale == Settings.model_fields["stale_after_seconds"].default
+    assert stale == DEFAULTS["stale_after_seconds"]
     # the sweep finishes before its next run; the dead letters outlive the queue's messages
     assert int(stack.function("SweepFunction")["Timeout"]) <= 60
     assert int(stack.properties("DeadLetterQueue")["MessageRetentionPeriod"]) > int(
@@ -381,7 +384,7 @@ def test_an_existing_bucket_is_wired_through_eventbridge_instead() -> None:
 @pytest.mark.parametrize("proxy", ["true", "false"])
 def test_the_environment_is_settings_fields_and_validates_as_settings(proxy: str) -> None:
     stack = Stack(DbHostIsRdsProxy=proxy)
-    fields = {name.upper() for name in Settings.model_fields}
+    fields = {f.name.upper() for f in dataclasses.fields(Settings)}
     for name in stack.functions():
         env = stack.function(name)["Environment"]["Variables"]
         # every variable is a Settings field, or one that Powertools or glibc reads
@@ -392,7 +395,7 @@ def test_the_environment_is_settings_fields_and_validates_as_settings(proxy: str
         assert not LOCAL_ONLY & set(env)
         assert set(Stack(SamLocal="true").function(name)["Environment"]["Variables"]) >= LOCAL_ONLY
         # every required field is set, and the whole environment is valid Settings
-        required = {f.upper() for f, info in Settings.model_fields.items() if info.is_required()}
+        required = {f.name.upper() for f in dataclasses.fields(Settings) if f.default is dataclasses.MISSING}
         assert required <= set(env)
         settings = Settings.from_env(env)
         assert settings.db_secret_arn == REQUIRED["DbSecretArn"]
@@ -900,7 +903,7 @@ def test_the_compose_file_serves_what_env_local_json_and_samconfig_name(stack: S
     attributes = json.loads(re.search(r"--attributes '(\{.*\})'", script).group(1))  # type: ignore[union-attr]
     assert int(attributes["VisibilityTimeout"]) == int(stack.properties("ProcessQueue")["VisibilityTimeout"])
     redrive = json.loads(attributes["RedrivePolicy"])
-    assert int(redrive["maxReceiveCount"]) == Settings.model_fields["max_receive_count"].default
+    assert int(redrive["maxReceiveCount"]) == DEFAULTS["max_receive_count"]
     assert redrive["deadLetterTargetArn"].endswith(":" + env["DEAD_LETTER_QUEUE_URL"].rsplit("/", 1)[1])
     # AND Docker Compose itself (v2, from .venv-tools: `config` needs no engine) accepts the file
     checked = _run([tool("docker-compose"), "-f", ROOT / "docker-compose.yml", "config", "-q"])
