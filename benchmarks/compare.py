@@ -2,16 +2,22 @@
 
 Each measurement is a fresh process that renders one photo of the corpus (benchmarks/corpus.py,
 8 to 24 MP JPEGs): thumb fitting 400x400, browse with a long edge of 2048, never upscaled, WebP
-quality 80, no metadata kept. The peers, run as A B C D E A B C D E ... for ROUNDS rounds:
+quality 80, no metadata kept. The peers, run as A B C D E F A B C D E F ... for ROUNDS rounds:
 - photo-publish: shared/photo_publish/pipeline.py, render(stream, RenderOptions());
+- pyvips-2dec: the original worker's two pipelines on this very libvips, in-process: pyvips making
+  each variant from the original (thumbnail_buffer, WebP at libvips' default effort 4). No target:
+  it tells what the pipeline's design gains from what a newer libvips gives (sharp bundles its own,
+  vipsthumbnail is Debian's);
 - sharp-2pipe: sharp on Node.js as the original worker did, one pipeline per variant, each from the
   original (benchmarks/sharp_render.mjs two-pipelines);
 - sharp-1dec: the best sharp does, decode once at browse size, thumb from that (decode-once);
-- pillow: draft mode, exif_transpose, LANCZOS, WebP method 4 (as benchmarks/render.py);
+- pillow: draft mode, exif_transpose, LANCZOS, WebP method 4, the usual Python choice;
 - vipsthumbnail: Debian's libvips-tools CLI, run twice (browse, then thumb), each from the
   original, `-e srgb` when the photo carries an ICC profile (photo-publish converts those only).
-Timed: the render only for photo-publish, sharp and Pillow (after the interpreter's start and the
-imports); for vipsthumbnail, its two whole processes (libvips' start included: that is the CLI).
+The Python peers are benchmarks/child.py's (which says what each does and imports), each run as
+`python -m benchmarks.child <peer> <photo> --browse-to <file>`.
+Timed: the render only for photo-publish, pyvips, sharp and Pillow (after the interpreter's start and
+the imports); for vipsthumbnail, its two whole processes (libvips' start included: that is the CLI).
 Peak memory: VmHWM of the rendering process; for vipsthumbnail, the larger of its two processes'
 ru_maxrss (its parent is a bare Python of about 10 MB, the floor of that figure). All Python and
 vipsthumbnail children run with MALLOC_ARENA_MAX=2 (as Lambda); Node.js as it comes.
@@ -25,7 +31,7 @@ of photo-publish's ratio to each peer, and the issue's targets as verdicts (neve
 whose tool is missing is skipped and said so. Results go to .local/bench-results/compare.json
 (benchmarks/report.py makes the cost table and plots from it).
 
-BENCH_ROUNDS sets the rounds (default 5): about 4 minutes on 2 cores.
+BENCH_ROUNDS sets the rounds (default 5): about 5 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any
 import numpy as np
 import pyvips
 
+from benchmarks import child
 from benchmarks.corpus import photos
 from devkit.stack import ROOT
 
@@ -51,43 +58,6 @@ RESULTS = ROOT / ".local" / "bench-results"
 NODE_DIR = ROOT / ".local" / "bench-node"
 SHARP = NODE_DIR / "node_modules" / "sharp"
 SHARP_SCRIPT = Path(__file__).with_name("sharp_render.mjs")
-PY_ENV = {"MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
-
-PY_CHILD = r"""
-import io, json, sys, time
-sys.path[:0] = [{shared!r}]
-peer, path, browse_path = sys.argv[1], sys.argv[2], sys.argv[3]
-data = open(path, "rb").read()
-if peer == "photo-publish":
-    from photo_publish.pipeline import RenderOptions, render
-    def run():
-        rendered = render(io.BytesIO(data), RenderOptions())
-        return {{v.kind: v.data for v in rendered.variants}}
-else:
-    from PIL import Image, ImageOps
-    def run():
-        image = Image.open(io.BytesIO(data))
-        image.draft("RGB", (2048, 2048))
-        image = ImageOps.exif_transpose(image).convert("RGB")
-        browse = image.copy()
-        browse.thumbnail((2048, 2048), Image.LANCZOS)
-        thumb = browse.copy()
-        thumb.thumbnail((400, 400), Image.LANCZOS)
-        out = {{}}
-        for kind, im in (("browse", browse), ("thumb", thumb)):
-            buffer = io.BytesIO()
-            im.save(buffer, "WEBP", quality=80, method=4)
-            out[kind] = buffer.getvalue()
-        return out
-started = time.perf_counter()
-variants = run()
-seconds = time.perf_counter() - started
-open(browse_path, "wb").write(variants["browse"])
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec.
-peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({{"seconds": seconds, "peak_mb": peak_kb / 1024, "bytes": sum(map(len, variants.values())),
-                  "browse_bytes": len(variants["browse"])}}))
-"""
 
 # A bare Python (no imports beyond the standard library's few) runs vipsthumbnail twice.
 VIPSTHUMBNAIL_CHILD = r"""
@@ -103,7 +73,10 @@ sizes = [os.path.getsize(p) for p in (browse_path, thumb_path)]
 print(json.dumps({"seconds": seconds, "peak_mb": peak_kb / 1024, "bytes": sum(sizes), "browse_bytes": sizes[0]}))
 """
 
-PEERS = ("photo-publish", "sharp-2pipe", "sharp-1dec", "pillow", "vipsthumbnail")
+PEERS = ("photo-publish", "pyvips-2dec", "sharp-2pipe", "sharp-1dec", "pillow", "vipsthumbnail")
+PYTHON_PEERS = ("photo-publish", "pyvips-2dec", "pillow")  # benchmarks/child.py
+# The issue's targets for photo-publish's render time, as a ratio to each peer's.
+TIME_TARGETS = {"sharp-2pipe": 0.70, "sharp-1dec": 0.85, "pillow": 0.57, "vipsthumbnail": 1.00}
 
 
 def available_peers() -> tuple[list[str], dict[str, str]]:
@@ -121,11 +94,9 @@ def available_peers() -> tuple[list[str], dict[str, str]]:
 
 def measure(peer: str, photo: Path, work: Path, profiled: bool) -> dict[str, float]:
     browse = work / f"{peer}-{photo.stem}-browse.webp"
-    if peer in ("photo-publish", "pillow"):
-        code = PY_CHILD.format(shared=str(ROOT / "shared"))
-        command = [sys.executable, "-c", code, peer, str(photo), str(browse)]
-        env = PY_ENV
-    elif peer.startswith("sharp"):
+    if peer in PYTHON_PEERS:
+        return child.measure(peer, photo, "--browse-to", browse)
+    if peer.startswith("sharp"):
         mode = "two-pipelines" if peer == "sharp-2pipe" else "decode-once"
         command = ["node", str(SHARP_SCRIPT), mode, str(photo), str(browse)]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SHARP_PATH": str(SHARP)}
@@ -140,7 +111,7 @@ def measure(peer: str, photo: Path, work: Path, profiled: bool) -> dict[str, flo
             str(thumb),
             "1" if profiled else "0",
         ]
-        env = PY_ENV
+        env = child.env()
     out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -193,6 +164,43 @@ def quality(full: pyvips.Image, browse_path: Path) -> dict[str, float]:
         browse = browse.colourspace("srgb")
     exact = full.resize(browse.width / full.width, vscale=browse.height / full.height, kernel="lanczos3")
     return {"ssim": ssim(_luma(exact), _luma(browse)), "width": browse.width, "height": browse.height}
+
+
+def print_verdicts(
+    ratios: dict[str, dict[str, float]],
+    ssim_drop: dict[str, float],
+    peaks_24mp: dict[str, float],
+    skipped: dict[str, str],
+) -> None:
+    """The issue's targets, each MET, MISSED or NOT MEASURED (with the reason its peer was skipped)."""
+    print("\ntargets (verdicts, not assertions)")
+    checks: list[tuple[str, str, str, bool]] = []  # what, against, the figure, met
+    for peer, limit in TIME_TARGETS.items():
+        if peer in ratios:
+            got = ratios[peer]["seconds"]
+            checks.append((f"time <= x{limit:.2f}", peer, f"x{got:.2f}", got <= limit))
+        else:
+            checks.append((f"time <= x{limit:.2f}", peer, "", False))
+    for peer in ("sharp-2pipe", "sharp-1dec"):
+        if peer in ratios:
+            got = ratios[peer]["peak_mb"]
+            checks.append(("peak memory <= x0.70", peer, f"x{got:.2f}", got <= 0.70))
+        else:
+            checks.append(("peak memory <= x0.70", peer, "", False))
+    if "sharp-2pipe" in ratios:
+        got = ratios["sharp-2pipe"]["bytes"]
+        checks.append(("output bytes within 5% of", "sharp-2pipe", f"x{got:.3f}", abs(got - 1) <= 0.05))
+        drop = ssim_drop["sharp-2pipe"]
+        checks.append(("browse SSIM at most 0.005 under", "sharp-2pipe", f"{drop:+.4f}", drop <= 0.005))
+    else:
+        checks.append(("output bytes and SSIM against", "sharp-2pipe", "", False))
+    for name, peak in peaks_24mp.items():
+        checks.append(("24 MP peak < 150 MB", name, f"{peak:.0f} MB", peak < 150))
+    for what, against, figure, met in checks:
+        if not figure:
+            print(f"  {what} {against}: NOT MEASURED ({skipped.get(against, 'skipped')})")
+        else:
+            print(f"  {what + ' ' + against:60} {figure:>8}  {'MET' if met else 'MISSED'}")
 
 
 def main() -> None:  # noqa: C901
@@ -249,18 +257,14 @@ def main() -> None:  # noqa: C901
             f"output bytes x{ratio['bytes']:.2f}"
         )
 
-    print("\ntargets (verdicts, not assertions)")
-    targets = (("sharp-2pipe", 0.70), ("sharp-1dec", 0.85), ("pillow", 0.57), ("vipsthumbnail", 1.00))
-    for peer, limit in targets:
-        if peer not in ratios:
-            print(f"  time <= x{limit:.2f} {peer}: NOT MEASURED ({skipped.get(peer, 'skipped')})")
-            continue
-        got = ratios[peer]["seconds"]
-        print(f"  time <= x{limit:.2f} {peer:14} x{got:.2f}  {'MET' if got <= limit else 'MISSED'}")
-    big = [c.name for c in corpus if "24MP" in c.name]
-    for name in big:
-        peak = median("photo-publish", name, "peak_mb")
-        print(f"  24 MP peak < 150 MB ({name}): {peak:.0f} MB  {'MET' if peak < 150 else 'MISSED'}")
+    ssim_drop = {
+        peer: statistics.median(
+            qualities[peer][c.name]["ssim"] - qualities["photo-publish"][c.name]["ssim"] for c in corpus
+        )
+        for peer in peers
+    }
+    peaks_24mp = {c.name: median("photo-publish", c.name, "peak_mb") for c in corpus if "24MP" in c.name}
+    print_verdicts(ratios, ssim_drop, peaks_24mp, skipped)
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {

@@ -27,7 +27,13 @@ def _fetch_package_photo() -> Path:
         return target
     CORPUS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
-        subprocess.run(["apt-get", "download", "-qq", "mate-backgrounds"], cwd=work, check=True)
+        try:
+            subprocess.run(["apt-get", "download", "-qq", "mate-backgrounds"], cwd=work, check=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            raise SystemExit(
+                f"the corpus needs Debian's mate-backgrounds package: `apt-get download mate-backgrounds` "
+                f"failed ({error}); without package lists, run `apt-get update` as root first"
+            ) from None
         deb = next(Path(work).glob("mate-backgrounds_*.deb"))
         subprocess.run(["dpkg-deb", "-x", str(deb), str(Path(work) / "x")], check=True)
         shutil.copy(Path(work) / "x" / PACKAGE_FILE, target)

@@ -5,14 +5,17 @@ The picture is the corpus' 18-megapixel photograph (benchmarks/corpus.py) cut to
 tiles, stored sideways with irot and EXIF 6, Display P3, about 3.4 MB), and as a JPEG stored the same way
 (EXIF 6, Display P3, quality 92), made once into .local/bench-corpus.
 
-Each measurement is a fresh process (MALLOC_ARENA_MAX=2, as in Lambda) that reports its wall time
-and its peak resident memory (VmHWM), run as A B C D A B C D ... for ROUNDS rounds:
+Each measurement is a fresh process (benchmarks/child.py: MALLOC_ARENA_MAX=2, as in Lambda, the
+file read into memory first, as an S3 body is) that reports its wall time and its peak resident
+memory (VmHWM), run as A B C D E A B C D E ... for ROUNDS rounds:
 - heic-decode: pi-heif's decode of the HEIC alone (heic.decoded: the primary image, full size);
 - heic-render: the whole pipeline on the HEIC (header, decode, browse, thumb, two WebPs);
 - jpeg-render: the whole pipeline on the JPEG, the peer (shrink-on-load, streamed);
 - imports, imports+pi_heif: a process doing nothing but the imports (the pipeline's, and pi-heif's
-  too, as a HEIC's process has them), the floor under the JPEG's peak and under the HEIC's.
-It prints medians, and pi_heif's import time in a fresh process that has imported the pipeline.
+  too, as a HEIC's process has them) with the file read, the floor under the JPEG's peak and under
+  the HEIC's; imports+pi_heif's time is that of `import pi_heif` after the pipeline's imports.
+It prints medians, and pi_heif's import time. BENCH_ROUNDS sets the rounds (default 5). Results go
+to .local/bench-results/heic.json (benchmarks/report.py puts the HEIC in the cost table).
 """
 
 from __future__ import annotations
@@ -20,58 +23,21 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pyvips
 
+from benchmarks import child
 from benchmarks.corpus import CORPUS, photos
 from devkit import samples
 from devkit.stack import ROOT
 
-ROUNDS = 5
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 SIZE = (4032, 3024)
-
-CHILD = r"""
-import io, json, sys, time
-sys.path[:0] = [{shared!r}]
-peer, path = sys.argv[1], sys.argv[2]
-data = open(path, "rb").read()
-import pyvips
-from photo_publish import heic
-from photo_publish.pipeline import RenderOptions, render
-if peer == "heic-decode":
-    def run():
-        with heic.decoded(data) as image:
-            return image.width * image.height
-elif peer.startswith("imports"):
-    if peer == "imports+pi_heif":
-        import pi_heif
-    def run():
-        return 0
-else:
-    def run():
-        rendered = render(io.BytesIO(data), RenderOptions())
-        return rendered.width * rendered.height
-started = time.perf_counter()
-pixels = run()
-seconds = time.perf_counter() - started
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec.
-peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({{"seconds": seconds, "peak_mb": peak_kb / 1024, "pixels": pixels}}))
-"""
-
-IMPORT_TIME = r"""
-import sys, time
-sys.path[:0] = [{shared!r}]
-import photo_publish.pipeline
-started = time.perf_counter()
-import pi_heif
-print(time.perf_counter() - started)
-"""
+RESULTS = ROOT / ".local" / "bench-results"
 
 PEERS = ("heic-decode", "heic-render", "jpeg-render", "imports", "imports+pi_heif")
+CHILD_PEER = {"heic-render": "photo-publish", "jpeg-render": "photo-publish"}  # else the same name
 FLOOR = {"heic-decode": "imports+pi_heif", "heic-render": "imports+pi_heif", "jpeg-render": "imports"}
 
 
@@ -90,39 +56,13 @@ def pictures() -> dict[str, Path]:
     return made
 
 
-def child_env() -> dict[str, str]:
-    return {"MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
-
-
-def measure(peer: str, path: Path) -> dict[str, float]:
-    code = CHILD.format(shared=str(ROOT / "shared"))
-    out = subprocess.run(
-        [sys.executable, "-c", code, peer, str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=child_env(),
-    )
-    return json.loads(out.stdout)
-
-
-def import_seconds() -> float:
-    code = IMPORT_TIME.format(shared=str(ROOT / "shared"))
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env()
-    )
-    return float(out.stdout)
-
-
 def main() -> None:
     files = pictures()
     path = {peer: files["jpeg" if peer in ("jpeg-render", "imports") else "heic"] for peer in PEERS}
     results: dict[str, list[dict[str, float]]] = {peer: [] for peer in PEERS}
-    imports: list[float] = []
     for _ in range(ROUNDS):
         for peer in PEERS:
-            results[peer].append(measure(peer, path[peer]))
-        imports.append(import_seconds())
+            results[peer].append(child.measure(CHILD_PEER.get(peer, peer), path[peer]))
 
     def median(peer: str, key: str) -> float:
         return statistics.median(r[key] for r in results[peer])
@@ -146,7 +86,16 @@ def main() -> None:
         f"heic-render / jpeg-render: time x{time_ratio:.2f}, "
         f"memory over imports x{over('heic-render') / over('jpeg-render'):.2f}"
     )
-    print(f"import pi_heif after the pipeline: {statistics.median(imports) * 1000:.0f} ms")
+    print(f"import pi_heif after the pipeline: {median('imports+pi_heif', 'seconds') * 1000:.0f} ms")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "rounds": ROUNDS,
+        "size": SIZE,
+        "medians": {peer: {key: median(peer, key) for key in ("seconds", "peak_mb")} for peer in PEERS},
+        "runs": results,
+    }
+    (RESULTS / "heic.json").write_text(json.dumps(summary, indent=1))
+    print(f"written {(RESULTS / 'heic.json').relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

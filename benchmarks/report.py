@@ -2,13 +2,17 @@
 
 Cost (part 6). Lambda gives a function 1 vCPU at 1,769 MB and 2 vCPUs at 3,538 MB; this machine's
 render time is measured here both ways, photo-publish rendering each corpus photo in a fresh process
-(MALLOC_ARENA_MAX=2), pinned to one core (`taskset -c 0`, for 1,769 MB) and on two cores (3,538 MB),
-ROUNDS rounds interleaved, and the median over the corpus taken. GB-seconds per 1,000 photos are that
+(benchmarks/child.py: MALLOC_ARENA_MAX=2, the photo in memory, the render alone timed), pinned to
+one core (`taskset -c 0`, for 1,769 MB) and on two cores (3,538 MB), ROUNDS rounds interleaved, and
+the median over the corpus taken. GB-seconds per 1,000 photos are that
 time x the memory in GB (MB / 1024) x 1,000, billed to the millisecond; $ adds the request charge.
 Prices (us-east-1, the published Lambda prices): x86_64 $0.0000166667 per GB-s, arm64 $0.0000133334
 per GB-s, $0.20 per 1M requests. The render time is this x86_64 machine's for both architectures
 (arm64 is not measured here: its row differs by price only). The render alone: the S3 read and
-writes, the database and the handler's own start are not in it.
+writes, the database and the handler's own start are not in it. The 12 MP iPhone-like HEIC of
+benchmarks/heic.py is timed the same way, in its own rows, with its decode time and peak memory
+from .local/bench-results/heic.json (benchmarks.heic) when there. It prints the memory size that
+costs least per photo, the one the template should default to.
 
 Plots (part 7), PNG, from .local/bench-results/compare.json (benchmarks.compare) and memory.json
 (benchmarks.memory), whichever exist: compare.png (render time, peak memory and SSIM per photo and
@@ -24,8 +28,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks import child
 from benchmarks.corpus import photos
+from benchmarks.heic import pictures
 from devkit.stack import ROOT
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
@@ -43,23 +47,21 @@ PRICE_GB_S = {"arm64": 0.0000133334, "x86_64": 0.0000166667}
 PRICE_REQUEST = 0.20 / 1_000_000
 MEMORY_MB = {1769: "0", 3538: "0,1"}  # Lambda memory size -> the cores it is measured on here
 
-CHILD = r"""
-import io, json, sys, time
-sys.path[:0] = [{shared!r}]
-from photo_publish.pipeline import RenderOptions, render
-data = open(sys.argv[1], "rb").read()
-started = time.perf_counter()
-render(io.BytesIO(data), RenderOptions())
-print(json.dumps({{"seconds": time.perf_counter() - started}}))
-"""
-
 
 def render_seconds(cores: str, photo: Path) -> float:
-    code = CHILD.format(shared=str(ROOT / "shared"))
-    env = {"MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
-    command = ["taskset", "-c", cores, sys.executable, "-c", code, str(photo)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
-    return float(json.loads(out.stdout)["seconds"])
+    return float(child.measure("photo-publish", photo, prefix=("taskset", "-c", cores))["seconds"])
+
+
+def cost_rows(seconds: dict[int, float]) -> list[dict[str, Any]]:
+    """GB-s and dollars per 1,000 renders at each memory size and architecture."""
+    rows = []
+    for arch, price in PRICE_GB_S.items():
+        for mb in MEMORY_MB:
+            billed = math.ceil(seconds[mb] * 1000) / 1000
+            gb_s = billed * mb / 1024 * 1000
+            dollars = gb_s * price + 1000 * PRICE_REQUEST
+            rows.append({"arch": arch, "memory_mb": mb, "seconds": seconds[mb], "gb_s": gb_s, "usd": dollars})
+    return rows
 
 
 def cost_table() -> dict[str, Any]:
@@ -67,31 +69,52 @@ def cost_table() -> dict[str, Any]:
         print("SKIPPED cost table: taskset is missing (util-linux)")
         return {}
     corpus = photos()
-    runs: dict[int, dict[str, list[float]]] = {mb: {c.name: [] for c in corpus} for mb in MEMORY_MB}
+    heic_photo = pictures()["heic"]
+    runs: dict[int, dict[str, list[float]]] = {
+        mb: {c.name: [] for c in [*corpus, heic_photo]} for mb in MEMORY_MB
+    }
     for _ in range(ROUNDS):
-        for photo in corpus:
+        for photo in [*corpus, heic_photo]:
             for mb, cores in MEMORY_MB.items():
                 runs[mb][photo.name].append(render_seconds(cores, photo))
     seconds = {
-        mb: statistics.median(statistics.median(v) for v in per_photo.values())
+        mb: statistics.median(statistics.median(per_photo[c.name]) for c in corpus)
         for mb, per_photo in runs.items()
     }
-    print(
-        f"Lambda cost per 1,000 photos, render time measured here (median over the corpus of {ROUNDS} runs)"
-    )
+    heic_seconds = {mb: statistics.median(per_photo[heic_photo.name]) for mb, per_photo in runs.items()}
+    print(f"Lambda cost per 1,000 photos, render time measured here (median of {ROUNDS} runs)")
     print("prices: x86_64 $0.0000166667/GB-s, arm64 $0.0000133334/GB-s, $0.20 per 1M requests")
-    print(f"{'arch':8}{'memory':>9}{'cores here':>12}{'render s':>10}{'GB-s/1000':>11}{'$/1000':>10}")
-    rows = []
-    for arch, price in PRICE_GB_S.items():
-        for mb, cores in MEMORY_MB.items():
-            billed = math.ceil(seconds[mb] * 1000) / 1000
-            gb_s = billed * mb / 1024 * 1000
-            dollars = gb_s * price + 1000 * PRICE_REQUEST
-            rows.append({"arch": arch, "memory_mb": mb, "seconds": seconds[mb], "gb_s": gb_s, "usd": dollars})
+    print(
+        f"{'photos':26}{'arch':8}{'memory':>9}{'cores here':>12}{'render s':>10}{'GB-s/1000':>11}{'$/1000':>10}"
+    )
+    rows = cost_rows(seconds)
+    heic_rows = cost_rows(heic_seconds)
+    for label, table in (("corpus JPEGs (median)", rows), ("12 MP iPhone HEIC", heic_rows)):
+        for row in table:
+            cores = len(MEMORY_MB[row["memory_mb"]].split(","))
             print(
-                f"{arch:8}{mb:>6} MB{len(cores.split(',')):>12}{seconds[mb]:>10.3f}{gb_s:>11.0f}{dollars:>10.4f}"
+                f"{label:26}{row['arch']:8}{row['memory_mb']:>6} MB{cores:>12}{row['seconds']:>10.3f}"
+                f"{row['gb_s']:>11.0f}{row['usd']:>10.4f}"
             )
-    return {"rounds": ROUNDS, "seconds": seconds, "rows": rows, "runs": runs}
+    cheapest = min((r for r in rows if r["arch"] == "arm64"), key=lambda r: r["gb_s"])
+    print(
+        f"cheapest per photo: {cheapest['memory_mb']} MB ({cheapest['gb_s']:.0f} GB-s per 1,000 photos); "
+        f"render time at {max(MEMORY_MB)} MB x{seconds[max(MEMORY_MB)] / seconds[min(MEMORY_MB)]:.2f} "
+        f"that at {min(MEMORY_MB)} MB"
+    )
+    heic = RESULTS / "heic.json"
+    if heic.exists():
+        medians = json.loads(heic.read_text())["medians"]
+        print(
+            "12 MP HEIC (benchmarks.heic, both cores): pi-heif's decode "
+            f"{medians['heic-decode']['seconds']:.2f} s, peak {medians['heic-decode']['peak_mb']:.0f} MB; "
+            f"whole render {medians['heic-render']['seconds']:.2f} s, peak {medians['heic-render']['peak_mb']:.0f} MB "
+            f"(the same photo as a JPEG: {medians['jpeg-render']['seconds']:.2f} s, "
+            f"{medians['jpeg-render']['peak_mb']:.0f} MB)"
+        )
+    else:
+        print(f"HEIC decode and peak memory: no {heic.relative_to(ROOT)} (run benchmarks.heic first)")
+    return {"rounds": ROUNDS, "seconds": seconds, "rows": rows, "heic_rows": heic_rows, "runs": runs}
 
 
 def plot_compare(compare: dict[str, Any]) -> Path:

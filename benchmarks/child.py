@@ -1,0 +1,286 @@
+"""One measurement in a fresh Python process: every Python peer of the benchmarks, written once.
+
+    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH]
+    python -m benchmarks.child over-time <renders> <every> <photo>...
+
+The benchmarks (compare, heic, memory, report) start one interpreter per measurement through
+measure() below, so that a time or a peak of memory belongs to that measurement alone: nothing is
+cached, pooled or grown by what ran before. The child runs with MALLOC_ARENA_MAX=2, as Lambda and
+the Makefile do, and PYTHONPATH=shared:<root>, the layout the handler sees plus this package.
+
+This module imports only the standard library's few at its top: each peer imports what it names, in
+its own function, and nothing else, so that a Pillow child holds no libvips, a pyvips child no
+Pillow, and a floor is a floor. In order, the child reads the photo whole into memory (as an S3
+body held in memory; --stream: not at all, the render reads the file as a stream), then does the
+peer's imports, then times the peer's run alone (not the interpreter's start, the read or the
+imports), then writes the browse to --browse-to if asked, then reads its peak resident memory.
+Peers:
+- photo-publish: render(stream, RenderOptions()) from shared/photo_publish/pipeline.py (pyvips);
+  --max-pixels raises or lowers its pixel limit; a refusal (PhotoError) is the outcome, its code;
+- pyvips-2dec: pyvips making each variant from the original, thumbnail_buffer() then WebP Q80
+  (libvips' default effort), cache off: what the original worker did with sharp, on this libvips;
+- pillow: draft mode (a JPEG decodes at the smallest 1/2^n scale still >= 2048), exif_transpose,
+  LANCZOS thumbnail() to 2048 and from that to 400, WebP quality 80 method 4, the decompression-bomb
+  limit lifted (the large images are measured on purpose);
+- heic-decode: photo_publish.heic.decoded(), pi-heif's decode of the primary image alone (pixels);
+- imports: photo_publish.pipeline imported (pyvips, photo_publish.heic), nothing run: the floor
+  under the pipeline's peaks;
+- imports+pi_heif: the same, and `import pi_heif` (and Pillow with it) is what is timed: the
+  floor under a HEIC's peaks, and the import the first HEIC of a container pays.
+Printed: one JSON line with seconds and peak_mb, plus what the peer has of bytes (both variants),
+browse_bytes, outcome (the browse's size, or what happened instead) and pixels (of the photo).
+
+Peak memory is VmHWM from /proc/self/status, not getrusage's ru_maxrss: Linux carries ru_maxrss
+over from the parent across fork and exec, so a child of a big benchmark process would report at
+least its parent's size.
+
+over-time: one process renders <renders> photos in a row, cycling through the photos, each read as
+a file stream with RenderOptions(), and samples its resident set (VmRSS) before the first, after
+the first, every <every>th and the last; it prints the samples and its peak. measure() does not set
+its environment: benchmarks.memory runs it with MALLOC_ARENA_MAX=2 and unset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# Neither pathlib nor subprocess here (measure() imports it): a Pillow child imports neither, and this
+# module's imports sit in every child's peak. typing and collections.abc: every peer imports them.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120
+SIZES = {"thumb": 400, "browse": 2048}
+QUALITY = 80
+
+Run = Callable[[], dict[str, Any]]
+
+
+def env(malloc_arena_max: str | None = "2") -> dict[str, str]:
+    """A child's whole environment: nothing of the caller's (its PYTHONPATH, its malloc settings)."""
+    values = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}/shared:{ROOT}"}
+    if malloc_arena_max is not None:
+        values["MALLOC_ARENA_MAX"] = malloc_arena_max
+    return values
+
+
+def command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.child", *map(str, args)]
+
+
+def measure(
+    peer: str,
+    photo: Path,
+    *options: str | Path,
+    prefix: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run one peer on one photo in a fresh interpreter (after `prefix`, e.g. taskset); its JSON."""
+    import subprocess
+
+    out = subprocess.run(
+        [*prefix, *command(peer, photo, *options)],
+        capture_output=True,
+        text=True,
+        env=dict(environment if environment is not None else env()),
+        cwd=ROOT,
+        check=False,
+    )
+    if out.returncode:
+        raise SystemExit(f"benchmarks.child {peer} {photo.name} failed ({out.returncode}):\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def status_mb(field: str) -> float:
+    """A figure of /proc/self/status (VmHWM, VmRSS) in MB."""
+    with open("/proc/self/status") as status:  # noqa: PTH123
+        kb = next(int(line.split()[1]) for line in status if line.startswith(f"{field}:"))
+    return kb / 1024
+
+
+def _variants(outputs: dict[str, bytes], browse_size: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "variants": outputs,
+        "bytes": sum(map(len, outputs.values())),
+        "browse_bytes": len(outputs["browse"]),
+        "outcome": "{}x{} browse".format(*browse_size),
+    }
+
+
+# Each peer: given the photo (its bytes, or None with --stream, and its path) and the options, it does
+# its imports and returns the run to time.
+
+
+def photo_publish(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    from photo_publish.errors import PhotoError
+    from photo_publish.pipeline import RenderOptions, render
+
+    limit = options.get("max-pixels")
+    render_options = RenderOptions() if limit is None else RenderOptions(max_input_pixels=int(limit))
+
+    def run() -> dict[str, Any]:
+        with io.BytesIO(data) if data is not None else open(path, "rb") as stream:  # noqa: PTH123
+            try:
+                rendered = render(stream, render_options)
+            except PhotoError as error:
+                return {"outcome": str(error.code)}
+        outputs = {v.kind: v.data for v in rendered.variants}
+        browse = next(v for v in rendered.variants if v.kind == "browse")
+        return _variants(outputs, (browse.width, browse.height)) | {
+            "pixels": rendered.width * rendered.height
+        }
+
+    return run
+
+
+def pyvips_two_decodes(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    import pyvips
+
+    pyvips.cache_set_max(0)
+
+    def run() -> dict[str, Any]:
+        outputs, shape = {}, (0, 0)
+        for kind, size in SIZES.items():
+            if data is not None:
+                image = pyvips.Image.thumbnail_buffer(data, size, height=size, size="down")
+            else:
+                image = pyvips.Image.thumbnail(path, size, height=size, size="down")
+            outputs[kind] = image.webpsave_buffer(Q=QUALITY, keep="none")
+            shape = (image.width, image.height)  # the browse's, made last
+        return _variants(outputs, shape)
+
+    return run
+
+
+def pillow(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    from PIL import Image, ImageOps
+
+    Image.MAX_IMAGE_PIXELS = None
+    browse_box = (SIZES["browse"], SIZES["browse"])
+
+    def run() -> dict[str, Any]:
+        image = Image.open(io.BytesIO(data) if data is not None else path)
+        image.draft("RGB", browse_box)
+        image = ImageOps.exif_transpose(image).convert("RGB")
+        browse = image.copy()
+        del image
+        browse.thumbnail(browse_box, Image.LANCZOS)
+        thumb = browse.copy()
+        thumb.thumbnail((SIZES["thumb"], SIZES["thumb"]), Image.LANCZOS)
+        outputs = {}
+        for kind, im in (("thumb", thumb), ("browse", browse)):
+            buffer = io.BytesIO()
+            im.save(buffer, "WEBP", quality=QUALITY, method=4)
+            outputs[kind] = buffer.getvalue()
+        return _variants(outputs, browse.size)
+
+    return run
+
+
+def heic_decode(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    from photo_publish import heic
+
+    if data is None:
+        raise SystemExit("heic-decode decodes bytes: no --stream")
+
+    def run() -> dict[str, Any]:
+        with heic.decoded(data) as image:
+            return {"pixels": image.width * image.height}
+
+    return run
+
+
+def imports(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    import photo_publish.pipeline  # noqa: F401
+
+    return lambda: {"outcome": "imports only"}
+
+
+def imports_pi_heif(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    import photo_publish.pipeline  # noqa: F401
+
+    def run() -> dict[str, Any]:
+        import pi_heif  # noqa: F401
+
+        return {"outcome": "imports only"}
+
+    return run
+
+
+PEERS: dict[str, Callable[[bytes | None, str, dict[str, str]], Run]] = {
+    "photo-publish": photo_publish,
+    "pyvips-2dec": pyvips_two_decodes,
+    "pillow": pillow,
+    "heic-decode": heic_decode,
+    "imports": imports,
+    "imports+pi_heif": imports_pi_heif,
+}
+
+
+def one(peer: str, path: str, options: dict[str, str]) -> dict[str, Any]:
+    if peer not in PEERS:
+        raise SystemExit(f"unknown peer {peer!r}: one of {', '.join(PEERS)}, over-time")
+    data = None
+    if "stream" not in options:
+        with open(path, "rb") as file:  # noqa: PTH123
+            data = file.read()
+    run = PEERS[peer](data, path, options)
+    started = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - started
+    variants = result.pop("variants", {})
+    if "browse-to" in options:
+        with open(options["browse-to"], "wb") as file:  # noqa: PTH123
+            file.write(variants["browse"])
+    return {"seconds": seconds, "peak_mb": status_mb("VmHWM"), **result}
+
+
+def over_time(renders: int, every: int, paths: list[str]) -> dict[str, Any]:
+    from photo_publish.pipeline import RenderOptions, render
+
+    options = RenderOptions()
+    samples = [{"photo": 0, "rss_mb": status_mb("VmRSS"), "seconds": 0.0}]
+    started = time.perf_counter()
+    for i in range(1, renders + 1):
+        with open(paths[(i - 1) % len(paths)], "rb") as stream:  # noqa: PTH123
+            render(stream, options)
+        if i in (1, renders) or i % every == 0:
+            samples.append(
+                {"photo": i, "rss_mb": status_mb("VmRSS"), "seconds": time.perf_counter() - started}
+            )
+    return {"samples": samples, "peak_mb": status_mb("VmHWM")}
+
+
+def _options(args: list[str]) -> dict[str, str]:
+    """--stream, --max-pixels N, --browse-to PATH (no argparse: its imports would sit in every floor)."""
+    options: dict[str, str] = {}
+    while args:
+        name = args.pop(0)
+        if name == "--stream":
+            options["stream"] = ""
+        elif name in ("--max-pixels", "--browse-to") and args:
+            options[name.removeprefix("--")] = args.pop(0)
+        else:
+            raise SystemExit(f"unknown option {name!r} (see benchmarks/child.py)")
+    return options
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        raise SystemExit(__doc__)
+    if argv[0] == "over-time":
+        result = over_time(int(argv[1]), int(argv[2]), argv[3:])
+    else:
+        result = one(argv[0], argv[1], _options(argv[2:]))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
