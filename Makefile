@@ -108,16 +108,18 @@ $$install || { $$sudo apt-get update -q && $$install; } || \
 echo "SKIPPED vipsthumbnail: apt-get could not install libvips-tools"
 endef
 
+# In this order; one that fails does not stop the others (report still plots what there is), and
+# make fails at the end, naming it.
+BENCH_MODULES := compare memory coldstart delivery sweep heic report
+
 bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 	@$(VIPSTHUMBNAIL_INSTALL)
-	$(BIN)/python -m benchmarks.compare
-	$(BIN)/python -m benchmarks.memory
-	$(BIN)/python -m benchmarks.coldstart
-	@if test -f benchmarks/delivery.py; then $(BIN)/python -m benchmarks.delivery; \
-	else echo "SKIPPED delivery: benchmarks/delivery.py is not there"; fi
-	$(BIN)/python -m benchmarks.sweep
-	$(BIN)/python -m benchmarks.heic
-	$(BIN)/python -m benchmarks.report
+	@failed=; for module in $(BENCH_MODULES); do \
+	if [ ! -f benchmarks/$$module.py ]; then echo "SKIPPED $$module: benchmarks/$$module.py is not there"; continue; fi; \
+	echo "$(BIN)/python -m benchmarks.$$module"; \
+	$(BIN)/python -m benchmarks.$$module || failed="$$failed $$module"; \
+	done; \
+	test -z "$$failed" || { echo "FAILED:$$failed (the others ran)"; exit 1; }
 
 build: tools
 	@test -n "$(PY312_BIN)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 2; }
