@@ -63,6 +63,7 @@ def _env(handler: str, prefix: Path) -> dict[str, str]:
         "POWERTOOLS_METRICS_NAMESPACE": "PhotoPublish",
         "AWS_LAMBDA_FUNCTION_NAME": f"photo-publish-{handler}",
         "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",  # Lambda sets both; botocore reads this one
         "MALLOC_ARENA_MAX": "2",
         # The template's settings; nothing connects (the engine and the clients connect on first use).
         "DATABASE_URL": "postgresql+psycopg://photo_publish@127.0.0.1:1/photos",

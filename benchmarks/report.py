@@ -12,9 +12,10 @@ per GB-s, $0.20 per 1M requests. The render time is this x86_64 machine's for bo
 writes, the database and the handler's own start are not in it. The 12 MP iPhone-like HEIC of
 benchmarks/heic.py is timed the same way, in its own rows, with its decode time and peak memory
 from .local/bench-results/heic.json (benchmarks.heic) when there. It prints the memory size that
-costs least per photo, the one the template should default to.
+costs least per photo, the one the template should default to, and from delivery.json
+(benchmarks.delivery) what a photo costs when the whole invocation is billed.
 
-Plots (part 7), PNG, from .local/bench-results/compare.json (benchmarks.compare) and memory.json
+Plots (part 7), PNG, written to docs/benchmarks/ (where the README shows them), from .local/bench-results/compare.json (benchmarks.compare) and memory.json
 (benchmarks.memory), whichever exist: compare.png (render time, peak memory and SSIM per photo and
 peer) and memory.png (RSS over 1,000 renders, MALLOC_ARENA_MAX=2 and unset).
 
@@ -43,6 +44,8 @@ from devkit.stack import ROOT
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 RESULTS = ROOT / ".local" / "bench-results"
+# The README shows these: each full run replaces them, to be committed with its figures.
+PLOTS = ROOT / "docs" / "benchmarks"
 PRICE_GB_S = {"arm64": 0.0000133334, "x86_64": 0.0000166667}
 PRICE_REQUEST = 0.20 / 1_000_000
 MEMORY_MB = {1769: "0", 3538: "0,1"}  # Lambda memory size -> the cores it is measured on here
@@ -114,6 +117,18 @@ def cost_table() -> dict[str, Any]:
         )
     else:
         print(f"HEIC decode and peak memory: no {heic.relative_to(ROOT)} (run benchmarks.heic first)")
+    delivery = RESULTS / "delivery.json"
+    if delivery.exists():
+        # Lambda bills the whole invocation: the batch's wall time, S3, claim and commit included.
+        result = json.loads(delivery.read_text())
+        per_photo = result["medians"]["delivery"] / len(result["photos"])
+        mb = max(MEMORY_MB)
+        gb_s = per_photo * mb / 1024 * 1000
+        print(
+            f"whole delivery (benchmarks.delivery, both cores, {len(result['photos'])}-record batches): "
+            f"{per_photo:.3f} s per photo, {gb_s:.0f} GB-s per 1,000 photos at {mb} MB "
+            f"(${gb_s * PRICE_GB_S['arm64'] + 1000 * PRICE_REQUEST / len(result['photos']):.4f} arm64)"
+        )
     return {"rounds": ROUNDS, "seconds": seconds, "rows": rows, "heic_rows": heic_rows, "runs": runs}
 
 
@@ -141,7 +156,7 @@ def plot_compare(compare: dict[str, Any]) -> Path:
     axes[0].legend()
     figure.suptitle(f"render per photo, fresh process, median of {compare['rounds']} interleaved runs")
     figure.tight_layout()
-    target = RESULTS / "compare.png"
+    target = PLOTS / "compare.png"
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
@@ -158,7 +173,7 @@ def plot_memory(memory: dict[str, Any]) -> Path:
     axis.set_title("memory over time: one process, 24/24-sideways/12-P3/8 MP JPEGs in turn")
     axis.legend()
     figure.tight_layout()
-    target = RESULTS / "memory.png"
+    target = PLOTS / "memory.png"
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
