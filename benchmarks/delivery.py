@@ -227,7 +227,8 @@ def main() -> None:
         if name in medians:
             print(f"  {label:72} {medians[name]:6.2f} s  {count / medians[name]:5.2f} photos/s")
     by_step = {
-        step: statistics.median(r[step] for r in steps.records) for step in ("render", "store", "commit")
+        step: statistics.median(r[step] for r in steps.records)
+        for step in ("claim", "render", "store", "commit")
     }
     print(
         "  per record, median ms: "
