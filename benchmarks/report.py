@@ -166,7 +166,7 @@ def plot_memory(memory: dict[str, Any]) -> Path:
     figure, axis = plt.subplots(figsize=(8, 5))
     for name, result in memory["over_time"].items():
         samples = result["samples"]
-        axis.plot([s["photo"] for s in samples], [s["rss_mb"] for s in samples], marker="o", label=name)
+        axis.plot([s["photo"] for s in samples], [s["rss_mb"] for s in samples], linewidth=0.8, label=name)
     axis.set_xlabel("photos rendered by one process")
     axis.set_ylabel("resident set (MB, VmRSS)")
     axis.set_ylim(bottom=0)
