@@ -3,7 +3,7 @@
 No X-Ray SDK (Powertools' Tracer): its recorder builds two botocore clients at import, about
 450 ms of every cold start, and the SDK is in maintenance mode since February 2026. The template's
 `Tracing: Active` still gives each invocation its X-Ray segment (init, invocation, overhead), and
-each record's log line carries its step timings (render, store, commit).
+each record's log line carries its step timings (claim, render, store, commit).
 """
 
 from __future__ import annotations
