@@ -1,5 +1,9 @@
 """Clients, engine and settings: created once per container, on first use.
 
+Once, even when the batch's worker threads ask for them at the same moment: every factory builds
+under one lock (factories call each other, and boto3 documents building clients on one session from
+several threads as unsafe: boto/boto3#1592). Once built, an object is returned without the lock.
+
 Each function imports only its own work: the renderer (pyvips, Powertools' batch utility) is
 imported by the factories of the process function, the sweep by its own, so the sweep function
 never loads libvips. The coldstart benchmark times the process handler's import together with
@@ -8,8 +12,10 @@ these factories, so nothing is hidden from its figure by being imported late.
 
 from __future__ import annotations
 
-from functools import cache
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
+from functools import update_wrapper
+from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -22,6 +28,7 @@ from photo_publish.settings import Settings
 if TYPE_CHECKING:
     from aws_lambda_powertools import Metrics
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_secretsmanager import SecretsManagerClient
     from mypy_boto3_sqs import SQSClient
 
     from photo_publish.delivery import ConcurrentBatchProcessor, Delivery
@@ -37,38 +44,76 @@ _CLIENT_CONFIG = Config(
 )
 
 
-@cache
+P = ParamSpec("P")
+T = TypeVar("T")
+# Reentrant: a factory builds what it needs through the others.
+_BUILDING = threading.RLock()
+
+
+class _Once(Generic[P, T]):
+    """A factory whose object is built once per container (per argument), whichever threads ask."""
+
+    def __init__(self, factory: Callable[P, T]) -> None:
+        self._factory = factory
+        self._built: dict[tuple[object, ...], T] = {}
+        update_wrapper(self, factory)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        if kwargs:
+            raise TypeError("factories take positional arguments only")
+        if args in self._built:
+            return self._built[args]
+        with _BUILDING:
+            if args not in self._built:
+                self._built[args] = self._factory(*args, **kwargs)
+            return self._built[args]
+
+    def cache_clear(self) -> None:
+        with _BUILDING:
+            self._built.clear()
+
+
+@_Once
 def settings() -> Settings:
     return Settings.from_env()
 
 
-@cache
+@_Once
+def session() -> boto3.session.Session:
+    # The container's own session: nothing else in the process builds clients on it.
+    return boto3.session.Session()
+
+
+@_Once
 def s3_client() -> S3Client:
-    return boto3.client("s3", config=_CLIENT_CONFIG)
+    return session().client("s3", config=_CLIENT_CONFIG)
 
 
-@cache
+@_Once
 def sqs_client() -> SQSClient:
-    return boto3.client("sqs", config=_CLIENT_CONFIG)
+    return session().client("sqs", config=_CLIENT_CONFIG)
 
 
-@cache
+@_Once
+def secrets_client() -> SecretsManagerClient:
+    return session().client("secretsmanager", config=_CLIENT_CONFIG)
+
+
+@_Once
 def engine() -> Engine:
     def read_secret(arn: str) -> str:
-        return boto3.client("secretsmanager", config=_CLIENT_CONFIG).get_secret_value(SecretId=arn)[
-            "SecretString"
-        ]
+        return secrets_client().get_secret_value(SecretId=arn)["SecretString"]
 
     return create_database_engine(settings(), read_secret)
 
 
-@cache
+@_Once
 def queue() -> SqsQueue:
     config = settings()
     return SqsQueue(sqs_client(), config.process_queue_url, config.dead_letter_queue_url)
 
 
-@cache
+@_Once
 def delivery(metrics: Metrics) -> Delivery:
     from photo_publish.delivery import Delivery
     from photo_publish.repository import PhotoRepository
@@ -82,14 +127,14 @@ def delivery(metrics: Metrics) -> Delivery:
     return Delivery(service, queue(), config, metrics)
 
 
-@cache
+@_Once
 def batch_processor() -> ConcurrentBatchProcessor:
     from photo_publish.delivery import ConcurrentBatchProcessor
 
     return ConcurrentBatchProcessor(workers=settings().record_concurrency)
 
 
-@cache
+@_Once
 def sweeper() -> Sweeper:
     from photo_publish.sweep import Sweeper
 
@@ -98,5 +143,16 @@ def sweeper() -> Sweeper:
 
 def reset() -> None:
     """Forget every client (tests that change the environment between cases)."""
-    for factory in (settings, s3_client, sqs_client, engine, queue, delivery, batch_processor, sweeper):
+    for factory in (
+        settings,
+        session,
+        s3_client,
+        sqs_client,
+        secrets_client,
+        engine,
+        queue,
+        delivery,
+        batch_processor,
+        sweeper,
+    ):
         factory.cache_clear()

@@ -1,14 +1,25 @@
-"""The engine: one small pool per container, READ COMMITTED pinned, RDS Proxy friendly."""
+"""The engine: one small pool per container, READ COMMITTED pinned, RDS Proxy friendly.
+
+Every wait has an end: connecting, a silent peer after a failover (TCP keepalives and a user
+timeout), a statement or a lock (server-side timeouts), a transaction left idle by a dead worker.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import URL, Engine, create_engine, make_url
+import psycopg
+from sqlalchemy import URL, Engine, create_engine, event, make_url
 
 from photo_publish.settings import Settings
+
+# Seconds between two reads of the secret after failed connections: a database that is down
+# costs a Secrets Manager call a minute, not one per connection attempt.
+SECRET_REREAD_SECONDS = 60.0
 
 
 def sqlalchemy_url(url: str | URL) -> URL:
@@ -22,6 +33,9 @@ def sqlalchemy_url(url: str | URL) -> URL:
 def url_from_secret(secret_string: str, settings: Settings) -> URL:
     """The URL for an RDS-style secret (username, password, and optionally host, port, dbname)."""
     secret = json.loads(secret_string)
+    tls = {"sslmode": settings.db_sslmode}
+    if settings.db_sslrootcert:
+        tls["sslrootcert"] = settings.db_sslrootcert
     return URL.create(
         "postgresql+psycopg",
         username=secret["username"],
@@ -29,21 +43,73 @@ def url_from_secret(secret_string: str, settings: Settings) -> URL:
         host=settings.db_host or secret.get("host"),
         port=int(secret.get("port") or 5432),
         database=secret.get("dbname") or settings.db_name,
-        query={"sslmode": "require"},
+        query=tls,
     )
 
 
+class RotatingSecret:
+    """The database's credentials from Secrets Manager, read again when a connection fails.
+
+    A rotation changes the password under warm containers; their pooled connections live on, but
+    the next new one would fail authentication until the container recycled. libpq reports a
+    refused login with no SQLSTATE, so the failure is not classified: the secret is read again
+    (at most once a SECRET_REREAD_SECONDS) and the connection retried only if it changed.
+    """
+
+    def __init__(self, read: Callable[[], str]) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self.value = read()
+        self._reread_at = -SECRET_REREAD_SECONDS
+
+    def reread(self) -> bool:
+        """True if the secret changed since it was last read."""
+        with self._lock:
+            if time.monotonic() - self._reread_at < SECRET_REREAD_SECONDS:
+                return False
+            value, self._reread_at = self._read(), time.monotonic()
+            changed, self.value = value != self.value, value
+        return changed
+
+
+def _connect_args(settings: Settings) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "connect_timeout": 5,
+        "application_name": "photo-publish",
+        # A peer that stops answering (a failover, a dropped NAT entry) is dropped after about
+        # 10 s of unacknowledged data or 25 s of silence, not at the Lambda's timeout.
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 10_000,
+    }
+    if not settings.db_prepare_statements:
+        args["prepare_threshold"] = None
+    if settings.db_session_options:
+        # RDS Proxy refuses startup options ("doesn't support command-line options"): behind one,
+        # the same SET goes in the proxy's InitQuery (README).
+        timeout = round(settings.db_statement_timeout_seconds * 1000)
+        args["options"] = (
+            f"-c statement_timeout={timeout} -c lock_timeout={timeout}"
+            # A transaction of ours never waits on Python for long: one left open by a frozen or
+            # dead worker must not hold its row locks.
+            f" -c idle_in_transaction_session_timeout={6 * timeout}"
+        )
+    return args
+
+
 def create_database_engine(settings: Settings, read_secret: Callable[[str], str] | None = None) -> Engine:
+    secret = None
     if settings.database_url:
         url = sqlalchemy_url(settings.database_url)
     elif read_secret is not None and settings.db_secret_arn:
-        url = url_from_secret(read_secret(settings.db_secret_arn), settings)
+        arn = settings.db_secret_arn
+        secret = RotatingSecret(lambda: read_secret(arn))
+        url = url_from_secret(secret.value, settings)
     else:
         raise ValueError("no database configured")
-    connect_args: dict[str, Any] = {"connect_timeout": 5, "application_name": "photo-publish"}
-    if not settings.db_prepare_statements:
-        connect_args["prepare_threshold"] = None
-    return create_engine(
+    engine = create_engine(
         url,
         # Pinned, not inherited: the conditional updates rely on READ COMMITTED's re-check of the
         # WHERE clause after a concurrent commit.
@@ -53,5 +119,26 @@ def create_database_engine(settings: Settings, read_secret: Callable[[str], str]
         pool_pre_ping=True,
         # A frozen Lambda container wakes with connections the proxy or server may have closed.
         pool_recycle=240,
-        connect_args=connect_args,
+        connect_args=_connect_args(settings),
     )
+    if secret is not None:
+        _connect_with(engine, secret, settings)
+    return engine
+
+
+def _connect_with(engine: Engine, secret: RotatingSecret, settings: Settings) -> None:
+    """Each new connection logs in with the secret's current credentials (SQLAlchemy's documented
+    hook for rotating credentials), reading it again once when a login fails."""
+
+    @event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        current = url_from_secret(secret.value, settings)
+        cparams.update(user=current.username, password=current.password)
+        try:
+            return dialect.connect(*cargs, **cparams)
+        except psycopg.OperationalError:
+            if not secret.reread():
+                raise
+        current = url_from_secret(secret.value, settings)
+        cparams.update(user=current.username, password=current.password)
+        return dialect.connect(*cargs, **cparams)

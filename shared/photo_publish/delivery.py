@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -68,10 +69,7 @@ class Delivery:
         try:
             requests = from_sqs_body(body, bucket=self._settings.photo_bucket, stage=self._settings.stage)
         except MalformedMessage as error:
-            # A producer's bug, not a photo's fault: retrying cannot help and nobody is paged.
-            logger.warning("malformed message", message_id=message_id, body=body[:4096], reason=str(error))
-            with self._metrics_lock:
-                self._metrics.add_metric(name="MalformedMessages", unit=MetricUnit.Count, value=1)
+            self._malformed(message_id, body, error)
             return []
         if not requests:
             logger.debug("irrelevant message", message_id=message_id)
@@ -94,13 +92,31 @@ class Delivery:
         raise RetryLater(retries)
 
     def s3_records(self, records: list[dict[str, Any]], remaining: Remaining = forever) -> list[Result]:
-        """S3 invoking the function directly: a failure raises, for Lambda's own async retries."""
-        requests = from_s3_records(records, bucket=self._settings.photo_bucket, stage=self._settings.stage)
-        results = self._process(requests, 1, remaining)
-        retries = [r for r in results if r.outcome is Outcome.RETRY]
-        if retries:
-            raise RetryLater(retries)
+        """S3 invoking the function directly. A record that must be tried again is handed to the
+        process queue as an S3 notification, delayed by its backoff: the queue then counts its
+        receives and dead-letters it, as for any upload (Lambda's own retries of an asynchronous
+        invocation would drop it silently after two)."""
+        results = []
+        for record in records:
+            try:
+                requests = from_s3_records(
+                    [record], bucket=self._settings.photo_bucket, stage=self._settings.stage
+                )
+            except MalformedMessage as error:
+                self._malformed("", json.dumps(record), error)
+                continue
+            record_results = self._process(requests, 1, remaining)
+            retries = [r for r in record_results if r.outcome is Outcome.RETRY]
+            if retries:
+                self._queue.send(json.dumps({"Records": [record]}), max(r.retry_in or 0 for r in retries))
+            results.extend(record_results)
         return results
+
+    def _malformed(self, message_id: str, body: str, error: MalformedMessage) -> None:
+        # A producer's bug, not a photo's fault: retrying cannot help and nobody is paged.
+        logger.warning("malformed message", message_id=message_id, body=body[:4096], reason=str(error))
+        with self._metrics_lock:
+            self._metrics.add_metric(name="MalformedMessages", unit=MetricUnit.Count, value=1)
 
     def _process(
         self, requests: list[PhotoRequest], receive_count: int, remaining: Remaining

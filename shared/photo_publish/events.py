@@ -12,7 +12,7 @@ from uuid import UUID
 from aws_lambda_powertools.utilities.data_classes import S3Event
 from aws_lambda_powertools.utilities.data_classes.s3_event import S3EventBridgeNotificationEvent
 
-from photo_publish.keys import MalformedKey, OriginalKey, parse_original_key, parse_uuid
+from photo_publish.keys import MalformedKey, OriginalKey, Upload, parse_original_key, parse_uuid
 
 
 class MalformedMessage(ValueError):
@@ -24,6 +24,7 @@ class PhotoRequest:
     photo_id: UUID
     # Set when an upload of this original caused the request: the key must be the photo's own.
     original: OriginalKey | None = None
+    upload: Upload | None = None
 
 
 def is_s3_event(event: Mapping[str, Any]) -> bool:
@@ -40,11 +41,15 @@ def is_s3_event(event: Mapping[str, Any]) -> bool:
 def from_s3_records(records: Iterable[Mapping[str, Any]], *, bucket: str, stage: str) -> list[PhotoRequest]:
     try:
         uploads = [
-            (record.s3.bucket.name, record.s3.get_object.key)
+            (
+                record.s3.bucket.name,
+                unquote_plus(record.s3.get_object.key),
+                _upload(record.s3.get_object.raw_event),
+            )
             for record in S3Event({"Records": list(records)}).records
             if record.event_source == "aws:s3" and record.event_name.startswith("ObjectCreated:")
         ]
-        requests = [_object_created(name, unquote_plus(key), bucket, stage) for name, key in uploads]
+        requests = [_object_created(name, key, upload, bucket, stage) for name, key, upload in uploads]
     except (KeyError, TypeError, AttributeError) as error:
         raise MalformedMessage(f"not an S3 event notification: {error!r}") from None
     return [request for request in requests if request is not None]
@@ -54,6 +59,9 @@ def from_sqs_body(body: str, *, bucket: str, stage: str) -> list[PhotoRequest]:
     """The photos an SQS record's body asks for; empty for records that are not ours to act on."""
     try:
         message = json.loads(body)
+    except RecursionError:
+        # Nested deeper than the parser's stack (a few KB of "[[[[..."): nobody's event.
+        raise MalformedMessage("the body nests too deeply") from None
     except ValueError:
         raise MalformedMessage("the body is not JSON") from None
     if not isinstance(message, dict):
@@ -80,17 +88,32 @@ def _from_eventbridge(message: dict[str, Any], *, bucket: str, stage: str) -> li
     try:
         if event.detail_type != "Object Created":
             return []
-        request = _object_created(event.detail.bucket.name, event.detail.object.key, bucket, stage)
+        detail = event.detail.object
+        request = _object_created(
+            event.detail.bucket.name, detail.key, _upload(detail.raw_event), bucket, stage
+        )
     except (KeyError, TypeError, AttributeError) as error:
         raise MalformedMessage(f"not an S3 Object Created event: {error!r}") from None
     return [] if request is None else [request]
 
 
-def _object_created(event_bucket: str, key: str, bucket: str, stage: str) -> PhotoRequest | None:
+def _upload(s3_object: Mapping[str, Any]) -> Upload:
+    # S3's notifications spell it eTag, its EventBridge events etag.
+    etag = s3_object.get("eTag", s3_object.get("etag"))
+    sequencer = s3_object.get("sequencer")
+    return Upload(
+        sequencer=sequencer if isinstance(sequencer, str) and sequencer else None,
+        etag=etag if isinstance(etag, str) and etag else None,
+    )
+
+
+def _object_created(
+    event_bucket: str, key: str, upload: Upload, bucket: str, stage: str
+) -> PhotoRequest | None:
     if event_bucket != bucket:
         return None
     try:
         original = parse_original_key(key, stage)
     except MalformedKey as error:
         raise MalformedMessage(str(error)) from None
-    return None if original is None else PhotoRequest(original.photo_id, original)
+    return None if original is None else PhotoRequest(original.photo_id, original, upload)

@@ -21,6 +21,15 @@ class OriginalKey:
     file_name: str
 
 
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """Which upload of a key an event announces: S3's sequencer orders the uploads of one key; the
+    eTag tells two uploads apart where an emulator sends no sequencer (moto's notifications)."""
+
+    sequencer: str | None = None
+    etag: str | None = None
+
+
 def parse_uuid(value: object) -> UUID:
     if not isinstance(value, str):
         raise MalformedKey(f"not a UUID: {value!r}")

@@ -80,6 +80,12 @@ class PhotoJob(Base):
             postgresql_where=text("status = 'pending'"),
         ),
         Index("photo_jobs_active_claimed_idx", "claimed_at", postgresql_where=text("status = 'active'")),
+        # Dead letters owed (migration 0003): the sweep finds them without reading finished jobs.
+        Index(
+            "photo_jobs_dead_letter_owed_idx",
+            "dead_letter_owed_at",
+            postgresql_where=text("dead_letter_owed_at IS NOT NULL"),
+        ),
     )
 
     photo_id: Mapped[UUID] = mapped_column(ForeignKey("photos.id", ondelete="CASCADE"), primary_key=True)
@@ -89,6 +95,12 @@ class PhotoJob(Base):
     claimed_at: Mapped[datetime | None]
     enqueued_at: Mapped[datetime | None]
     last_error_code: Mapped[str | None]
+    # Set while a final failure's dead letter has not been accepted by the queue (SPEC 5).
+    dead_letter_owed_at: Mapped[datetime | None]
+    # The newest upload of the original that reached this job (S3's sequencer, zero-padded so that
+    # text order is upload order, and its eTag).
+    upload_sequencer: Mapped[str | None]
+    upload_etag: Mapped[str | None]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from photo_publish.events import MalformedMessage, from_sqs_body
+from photo_publish.keys import MalformedKey, parse_uuid
 from photo_publish.models import Photo, PhotoJob
 from photo_publish.queue import SqsQueue
 from photo_publish.settings import Settings
@@ -89,12 +90,14 @@ def _dead_letters(sqs: SQSClient, url: str) -> list[dict[str, Any]]:
 
 
 def _photo_of(message: dict[str, Any], settings: Settings) -> UUID | None:
+    """The photo a dead letter is about; None for one that names none (or nonsense), which the
+    redrive leaves in the queue for a person instead of stopping on it."""
     attribute = message.get("MessageAttributes", {}).get("photoId", {}).get("StringValue")
-    if attribute:
-        return UUID(attribute)
     try:
-        requests = from_sqs_body(message["Body"], bucket=settings.photo_bucket, stage=settings.stage)
-    except MalformedMessage:
+        if attribute:
+            return parse_uuid(attribute)
+        requests = from_sqs_body(message.get("Body", ""), bucket=settings.photo_bucket, stage=settings.stage)
+    except (MalformedKey, MalformedMessage):
         return None
     return requests[0].photo_id if requests else None
 

@@ -10,6 +10,7 @@ from uuid import UUID
 from botocore.exceptions import BotoCoreError, ClientError
 
 from photo_publish.errors import ErrorCode
+from photo_publish.observability import logger
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -41,9 +42,13 @@ class SqsQueue:
         )
 
     def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None:
+        self.send(job_body(photo_id), delay_seconds)
+
+    def send(self, body: str, delay_seconds: float = 0) -> None:
+        """Any message for the process queue (a job, or an S3 event handed over from a direct invoke)."""
         self._client.send_message(
             QueueUrl=self._queue_url,
-            MessageBody=job_body(photo_id),
+            MessageBody=body,
             DelaySeconds=min(max(round(delay_seconds), 0), MAX_DELAY_SECONDS),
         )
 
@@ -63,20 +68,27 @@ class SqsQueue:
             unsent.extend(chunk[int(failure["Id"])] for failure in response.get("Failed", []))
         return unsent
 
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None:
-        self._client.send_message(
-            QueueUrl=self._dead_letter_queue_url,
-            MessageBody=json.dumps(
-                {
-                    "photoId": str(photo_id),
-                    "attempt": attempt,
-                    "errorCode": code.value,
-                    "detail": detail[:1000],
-                }
-            ),
-            MessageAttributes={
-                "photoId": {"DataType": "String", "StringValue": str(photo_id)},
-                "attempt": {"DataType": "Number", "StringValue": str(attempt)},
-                "errorCode": {"DataType": "String", "StringValue": code.value},
-            },
-        )
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool:
+        """True once the dead-letter queue has accepted the message; False if it could not be sent
+        (the job still owes it, for a redelivery or the sweep to send)."""
+        try:
+            self._client.send_message(
+                QueueUrl=self._dead_letter_queue_url,
+                MessageBody=json.dumps(
+                    {
+                        "photoId": str(photo_id),
+                        "attempt": attempt,
+                        "errorCode": code.value,
+                        "detail": detail[:1000],
+                    }
+                ),
+                MessageAttributes={
+                    "photoId": {"DataType": "String", "StringValue": str(photo_id)},
+                    "attempt": {"DataType": "Number", "StringValue": str(attempt)},
+                    "errorCode": {"DataType": "String", "StringValue": code.value},
+                },
+            )
+        except QUEUE_ERRORS as error:
+            logger.warning("dead letter not sent", photo_id=str(photo_id), reason=repr(error))
+            return False
+        return True

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Literal
 from uuid import UUID
 
-from sqlalchemy import Engine, and_, case, func, or_, select, update
+from sqlalchemy import Engine, Text, and_, case, false, func, literal, not_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -22,10 +22,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from photo_publish.contracts import PHOTO_PUBLISHED, PhotoPublishedPayload, PublishedVariants, VariantRef
 from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.keys import Upload
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 
 # A second's tolerance for the clocks of the queue and the database (SPEC 5).
 CLOCK_TOLERANCE = timedelta(seconds=1)
+# S3 orders the uploads of a key by their sequencers, hex strings of varying length compared after
+# padding the shorter with zeros: stored padded, text order is upload order.
+_SEQUENCER_WIDTH = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,15 @@ ClaimResult = Claimed | NotClaimable | Exhausted | None
 
 
 @dataclass(frozen=True, slots=True)
+class OwedDeadLetter:
+    """A final failure's dead letter that the queue has not accepted yet, now this caller's to send."""
+
+    photo_id: UUID
+    attempt: int
+    code: ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
 class StoredVariant:
     kind: Literal["thumb", "browse"]
     key: str
@@ -71,7 +84,7 @@ class StoredVariant:
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    outcome: Literal["published", "already", "skipped"]
+    outcome: Literal["published", "already", "skipped", "superseded"]
     payload: PhotoPublishedPayload | None = None
 
 
@@ -101,17 +114,44 @@ class PhotoRepository:
             ).one_or_none()
         return None if row is None else PhotoRow(*row)
 
-    def ensure_job(self, photo_id: UUID, *, reopen_failed: bool) -> None:
-        """Create the photo's job if the photo exists; an upload of its original reopens a failed job."""
-        stmt = insert(PhotoJob).from_select(["photo_id"], select(Photo.id).where(Photo.id == photo_id))
-        if reopen_failed:
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[PhotoJob.photo_id],
-                set_={"status": "pending", "attempt": 0, "next_retry_at": None, "updated_at": func.now()},
-                where=PhotoJob.status == "failed",
-            )
-        else:
-            stmt = stmt.on_conflict_do_nothing(index_elements=[PhotoJob.photo_id])
+    def ensure_job(self, photo_id: UUID, *, upload: Upload | None = None) -> None:
+        """Create the photo's job if the photo exists; a newer upload of its original reopens a failed job.
+
+        The job keeps the newest upload that reached it: a duplicate of an event, or its redelivery
+        after a crash, announces the same upload and reopens nothing (an input that crashes its
+        worker would otherwise loop: worker lost, dead letter, reopened, ...). An upload older than
+        the one seen (S3 delivers out of order) changes nothing either.
+        """
+        if upload is None:
+            stmt = insert(PhotoJob).from_select(["photo_id"], select(Photo.id).where(Photo.id == photo_id))
+            with self._transaction() as session:
+                session.execute(stmt.on_conflict_do_nothing(index_elements=[PhotoJob.photo_id]))
+            return
+
+        padded = None if upload.sequencer is None else upload.sequencer.rjust(_SEQUENCER_WIDTH, "0")
+        sequencer, etag = literal(padded, Text), literal(upload.etag, Text)
+        stmt = insert(PhotoJob).from_select(
+            ["photo_id", "upload_sequencer", "upload_etag"],
+            select(Photo.id, sequencer, etag).where(Photo.id == photo_id),
+        )
+        older = func.coalesce(PhotoJob.upload_sequencer > sequencer, false())
+        seen = and_(
+            PhotoJob.upload_sequencer.is_not_distinct_from(sequencer),
+            PhotoJob.upload_etag.is_not_distinct_from(etag),
+        )
+        reopen = PhotoJob.status == "failed"
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[PhotoJob.photo_id],
+            set_={
+                "status": case((reopen, "pending"), else_=PhotoJob.status),
+                "attempt": case((reopen, 0), else_=PhotoJob.attempt),
+                "next_retry_at": case((reopen, None), else_=PhotoJob.next_retry_at),
+                "upload_sequencer": sequencer,
+                "upload_etag": etag,
+                "updated_at": func.now(),
+            },
+            where=and_(not_(older), not_(seen)),
+        )
         with self._transaction() as session:
             session.execute(stmt)
 
@@ -179,8 +219,16 @@ class PhotoRepository:
         variants: Sequence[StoredVariant],
         variant_version: int,
     ) -> PublishResult:
-        """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing."""
+        """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing.
+
+        Fenced first: only the worker that holds the job's claimed attempt may publish, so a worker
+        whose job was taken over changes nothing (its job row is locked before the photo's, the
+        order every transaction here takes them in).
+        """
         with self._transaction() as session:
+            if not self._finish_job(session, photo_id, attempt, "done"):
+                exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
+                return PublishResult("superseded" if exists else "skipped")
             published = session.execute(
                 update(Photo)
                 .where(Photo.id == photo_id, Photo.processing_state.in_(("uploaded", "processing_failed")))
@@ -199,9 +247,8 @@ class PhotoRepository:
             ).one_or_none()
 
             if published is None:
-                # Zero rows: a concurrent winner published it (ready), or the photo was deleted.
+                # Zero rows: published already (by a worker of an earlier claim), or deleted.
                 exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
-                self._finish_job(session, photo_id, attempt, "done")
                 return PublishResult("already" if exists else "skipped")
 
             album_id, entity_version, published_at = published
@@ -258,13 +305,38 @@ class PhotoRepository:
                     payload=payload.to_json(),
                 )
             )
-            self._finish_job(session, photo_id, attempt, "done")
         return PublishResult("published", payload)
 
-    def fail(self, photo_id: UUID, attempt: int, code: ErrorCode) -> bool:
-        """Job `failed`, photo `processing_failed` (never a published one); False if fenced out."""
+    def holds(self, photo_id: UUID, attempt: int) -> bool:
+        """The worker's claim still stands and the photo is not published: its variants may be written.
+
+        Asked before the variant objects are written, because they carry an immutable Cache-Control:
+        a published photo's objects are never written again.
+        """
         with self._transaction() as session:
-            if not self._finish_job(session, photo_id, attempt, "failed", code):
+            return (
+                session.scalar(
+                    select(PhotoJob.photo_id)
+                    .join(Photo, Photo.id == PhotoJob.photo_id)
+                    .where(
+                        PhotoJob.photo_id == photo_id,
+                        PhotoJob.status == "active",
+                        PhotoJob.attempt == attempt,
+                        Photo.processing_state != "ready",
+                    )
+                )
+                is not None
+            )
+
+    def fail(self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False) -> bool:
+        """Job `failed`, photo `processing_failed` (never a published one); False if fenced out.
+
+        A final failure also records that its dead letter is owed, in the same transaction: whoever
+        sends it clears that, and if nobody does, a redelivery or the sweep finds it owed.
+        """
+        owed = {"dead_letter_owed_at": func.now()} if final else {}
+        with self._transaction() as session:
+            if not self._finish_job(session, photo_id, attempt, "failed", code, **owed):
                 return False
             session.execute(
                 update(Photo)
@@ -273,6 +345,37 @@ class PhotoRepository:
                 .execution_options(synchronize_session=False)
             )
         return True
+
+    def take_owed_dead_letter(self, photo_id: UUID, *, lease_seconds: int) -> OwedDeadLetter | float | None:
+        """The job's owed dead letter, leased to the caller; else the seconds until it may be taken
+        (its lease, or its first sender, still holds it), or None when no letter is owed."""
+        leased = PhotoJob.dead_letter_owed_at < func.now() - timedelta(seconds=lease_seconds)
+        with self._transaction() as session:
+            row = session.execute(
+                update(PhotoJob)
+                .where(PhotoJob.photo_id == photo_id, leased)
+                .values(dead_letter_owed_at=func.now())
+                .returning(PhotoJob.attempt, PhotoJob.last_error_code)
+            ).one_or_none()
+            if row is not None:
+                return OwedDeadLetter(photo_id, row.attempt, ErrorCode(row.last_error_code))
+            wait = session.scalar(
+                select(
+                    func.extract(
+                        "epoch",
+                        PhotoJob.dead_letter_owed_at + timedelta(seconds=lease_seconds) - func.now(),
+                    )
+                ).where(PhotoJob.photo_id == photo_id, PhotoJob.dead_letter_owed_at.is_not(None))
+            )
+        return None if wait is None else max(float(wait), 0.0)
+
+    def dead_letter_sent(self, photo_ids: Sequence[UUID]) -> None:
+        """The queue accepted these jobs' dead letters: nothing is owed any more."""
+        if photo_ids:
+            with self._transaction() as session:
+                session.execute(
+                    update(PhotoJob).where(PhotoJob.photo_id.in_(photo_ids)).values(dead_letter_owed_at=None)
+                )
 
     def release(self, photo_id: UUID, attempt: int, code: ErrorCode, retry_in: int) -> bool:
         """Back to `pending`, not claimable for `retry_in` seconds; False if fenced out."""
@@ -311,12 +414,15 @@ class PhotoRepository:
 
 
 # SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback
-# (serialization failure, deadlock), insufficient resources, operator intervention (shutdown).
+# (serialization failure, deadlock), insufficient resources, operator intervention (shutdown, and
+# statement_timeout's query_canceled).
 _TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
+# lock_timeout: a row held by a stuck transaction (idle_in_transaction_session_timeout ends it).
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _unavailable(error: DBAPIError | PoolTimeout) -> bool:
     if isinstance(error, PoolTimeout | OperationalError) or error.connection_invalidated:
         return True
     sqlstate = getattr(error.orig, "sqlstate", None) or ""
-    return sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES
+    return sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE

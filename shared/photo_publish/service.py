@@ -18,6 +18,7 @@ from photo_publish.repository import (
     Claimed,
     Exhausted,
     NotClaimable,
+    OwedDeadLetter,
     PhotoRepository,
     PhotoRow,
     StoredVariant,
@@ -85,7 +86,8 @@ class ObjectStore(Protocol):
 class JobQueue(Protocol):
     def retry_later(self, receipt_handle: str, seconds: float) -> None: ...
     def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None: ...
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None: ...
+    def send(self, body: str, delay_seconds: float = 0) -> None: ...
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
 
 class PhotoService:
@@ -145,13 +147,15 @@ class PhotoService:
 
     def _claim(self, photo: PhotoRow, request: PhotoRequest) -> int | Result:
         """The attempt this delivery now owns (its fencing token), or why it owns none."""
-        self._repository.ensure_job(photo.id, reopen_failed=request.original is not None)
+        self._repository.ensure_job(photo.id, upload=request.upload)
         claim = self._repository.claim(
             photo.id, stale_after=self._settings.stale_after_seconds, max_attempts=self._settings.max_attempts
         )
         match claim:
             case Claimed(attempt=attempt):
                 return attempt
+            case NotClaimable(status="failed"):
+                return self._owed_dead_letter(photo.id)
             case NotClaimable(retry_in=None):
                 return Result(Outcome.DUPLICATE, photo.id)
             case NotClaimable(retry_in=retry_in):
@@ -172,6 +176,9 @@ class PhotoService:
             stream.close()
         rendered_at = time.perf_counter()
 
+        if not self._repository.holds(photo.id, attempt):
+            # Taken over, or published meanwhile: its variants are another worker's to write.
+            return Result(Outcome.SUPERSEDED, photo.id, attempt=attempt)
         stored = []
         for variant in rendered.variants:
             self._budget(remaining, settings.commit_budget_seconds)
@@ -241,17 +248,48 @@ class PhotoService:
             )
 
     def _final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
-        if not self._repository.fail(photo_id, attempt, error.code):
+        if not self._repository.fail(photo_id, attempt, error.code, final=True):
             return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
-        # After the marking: a run that dies in between leaves the message to come back and find
-        # the job failed, and the redrive policy dead-letters it at worst.
-        self._queue.send_dead_letter(photo_id, attempt, error.code, error.detail)
-        return Result(Outcome.DEAD_LETTERED, photo_id, error.code, attempt)
+        return self._send_dead_letter(OwedDeadLetter(photo_id, attempt, error.code), error.detail)
+
+    def _owed_dead_letter(self, photo_id: UUID) -> Result:
+        """A delivery for a failed job: a duplicate, unless the job still owes its dead letter."""
+        owed = self._repository.take_owed_dead_letter(
+            photo_id, lease_seconds=self._settings.stale_after_seconds
+        )
+        if owed is None:
+            return Result(Outcome.DUPLICATE, photo_id)
+        if isinstance(owed, OwedDeadLetter):
+            return self._send_dead_letter(owed, "sent again by a later delivery")
+        # Its first sender may still be sending: come back when the letter is free to take.
+        return Result(Outcome.RETRY, photo_id, retry_in=owed)
+
+    def _send_dead_letter(self, owed: OwedDeadLetter, detail: str) -> Result:
+        """Send a final failure's dead letter; until the queue accepts it, the job owes it and the
+        message comes back for it (the sweep sends it if no message does)."""
+        if not self._queue.send_dead_letter(owed.photo_id, owed.attempt, owed.code, detail):
+            return Result(
+                Outcome.RETRY,
+                owed.photo_id,
+                owed.code,
+                owed.attempt,
+                retry_in=self._settings.stale_after_seconds,
+            )
+        try:
+            self._repository.dead_letter_sent([owed.photo_id])
+        except PhotoError as error:
+            # Sent, but still recorded as owed: the sweep sends it once more (a duplicate, never a loss).
+            logger.warning("dead letter sent but not recorded", error_code=error.code)
+        return Result(Outcome.DEAD_LETTERED, owed.photo_id, owed.code, owed.attempt)
 
     def _unclaimed_failure(self, photo_id: UUID, error: PhotoError, receive_count: int) -> Result:
         logger.warning("delivery failed before a claim", error_code=error.code, detail=error.detail)
-        if error.code is ErrorCode.PHOTO_NOT_FOUND and receive_count >= self._settings.max_attempts:
-            self._queue.send_dead_letter(photo_id, receive_count, error.code, error.detail)
+        if (
+            error.code is ErrorCode.PHOTO_NOT_FOUND
+            and receive_count >= self._settings.max_attempts
+            # Not accepted: the message comes back after its backoff and tries again.
+            and self._queue.send_dead_letter(photo_id, receive_count, error.code, error.detail)
+        ):
             return Result(Outcome.DEAD_LETTERED, photo_id, error.code, receive_count)
         retry_in = (
             0

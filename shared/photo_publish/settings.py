@@ -47,6 +47,14 @@ class Settings:
     # RDS Proxy pins a session that uses server-side prepared statements: psycopg's automatic
     # preparation is turned off behind it.
     db_prepare_statements: bool = True
+    # Server-side timeouts sent as startup options; RDS Proxy refuses those (set them in its
+    # InitQuery instead, see the README).
+    db_session_options: bool = True
+    db_statement_timeout_seconds: float = field(default=10.0, metadata=_between(0.1))
+    # TLS for a database reached through DB_SECRET_ARN + DB_HOST: `verify-full` with the RDS CA
+    # bundle in DB_SSLROOTCERT checks the server, `require` only encrypts.
+    db_sslmode: str = field(default="require", metadata=_pattern("require|verify-ca|verify-full"))
+    db_sslrootcert: str | None = None
 
     photo_bucket: str = field(metadata=_min_length(3))
     stage: str = field(metadata=_pattern("[A-Za-z0-9_-]+"))
@@ -145,6 +153,9 @@ _KINDS: dict[object, _Kind] = {
 }
 
 
+_DEFAULTS = {spec.name: spec.default for spec in fields(Settings)}
+
+
 def _problems(values: Mapping[str, Any]) -> list[str]:
     """What is wrong with the fields present in `values`, each named by its variable."""
     problems = []
@@ -159,4 +170,12 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
             problems.append(f"{variable} {broken}, got {value!r}")
     if not values.get("database_url") and not (values.get("db_secret_arn") and values.get("db_host")):
         problems.append("set DATABASE_URL, or DB_SECRET_ARN and DB_HOST")
+    attempts = values.get("max_attempts", _DEFAULTS["max_attempts"])
+    receives = values.get("max_receive_count", _DEFAULTS["max_receive_count"])
+    if isinstance(attempts, int) and isinstance(receives, int) and attempts > receives:
+        # The redrive would take a message before its attempts are spent: an upload whose photo row
+        # never appears would then be handed on as a job message without its key, and lost.
+        problems.append(f"MAX_ATTEMPTS ({attempts}) must not exceed MAX_RECEIVE_COUNT ({receives})")
+    if values.get("db_sslmode", "require") != "require" and not values.get("db_sslrootcert"):
+        problems.append("DB_SSLMODE verify-ca and verify-full need DB_SSLROOTCERT (the CA bundle's path)")
     return problems

@@ -21,12 +21,13 @@ from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.models import Photo, PhotoJob
 from photo_publish.observability import logger
+from photo_publish.repository import OwedDeadLetter
 from photo_publish.settings import Settings
 
 
 class SweepQueue(Protocol):
     def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]: ...
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None: ...
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
 
 @dataclass
@@ -34,6 +35,7 @@ class SweepSummary:
     resent_pending: int = 0
     resent_stale: int = 0
     worker_lost: int = 0
+    dead_letters_sent: int = 0
     send_failed: int = 0
     batches: int = 0
     out_of_time: bool = False
@@ -43,6 +45,7 @@ class SweepSummary:
             "resentPending": self.resent_pending,
             "resentStale": self.resent_stale,
             "workerLost": self.worker_lost,
+            "deadLettersSent": self.dead_letters_sent,
             "sendFailed": self.send_failed,
             "batches": self.batches,
             "outOfTime": self.out_of_time,
@@ -67,15 +70,18 @@ class Sweeper:
                 break
             pending = self._take_due_pending()
             stale, lost = self._take_stale_active()
-            for photo_id, attempt in lost:
-                self._queue.send_dead_letter(photo_id, attempt, ErrorCode.WORKER_LOST, "found by the sweep")
+            owed = self._take_owed_dead_letters()
+            # Every send below is answered, never raised: one refused send must not keep the rest
+            # of the stamped rows waiting for another SWEEP_AFTER_SECONDS.
+            letters_unsent = self._send_dead_letters(lost + owed)
             unsent = self._send(pending + stale)
             summary.batches += 1
             summary.resent_pending += len(pending) - len(set(unsent) & set(pending))
             summary.resent_stale += len(stale) - len(set(unsent) & set(stale))
             summary.worker_lost += len(lost)
-            summary.send_failed += len(unsent)
-            if len(pending) < self._batch_size and len(stale) + len(lost) < self._batch_size:
+            summary.dead_letters_sent += len(lost) + len(owed) - letters_unsent
+            summary.send_failed += len(unsent) + letters_unsent
+            if max(len(pending), len(stale) + len(lost), len(owed)) < self._batch_size:
                 break
         return summary
 
@@ -107,7 +113,7 @@ class Sweeper:
                 )
             )
 
-    def _take_stale_active(self) -> tuple[list[UUID], list[tuple[UUID, int]]]:
+    def _take_stale_active(self) -> tuple[list[UUID], list[OwedDeadLetter]]:
         """Stale active rows: back to pending and stamped, or failed with WORKER_LOST if exhausted."""
         now = func.now()
         exhausted = PhotoJob.attempt >= self._settings.max_attempts
@@ -130,14 +136,59 @@ class Sweeper:
                     status=case((exhausted, "failed"), else_="pending"),
                     last_error_code=ErrorCode.WORKER_LOST.value,
                     enqueued_at=case((exhausted, PhotoJob.enqueued_at), else_=now),
+                    # A final failure: its dead letter is owed until the queue accepts it.
+                    dead_letter_owed_at=case((exhausted, now), else_=PhotoJob.dead_letter_owed_at),
                     next_retry_at=None,
                     updated_at=now,
                 )
                 .returning(PhotoJob.photo_id, PhotoJob.status, PhotoJob.attempt)
             ).all()
-            lost = [(row.photo_id, row.attempt) for row in rows if row.status == "failed"]
-            self._mark_photos_lost(session, [photo_id for photo_id, _ in lost])
+            lost = [
+                OwedDeadLetter(row.photo_id, row.attempt, ErrorCode.WORKER_LOST)
+                for row in rows
+                if row.status == "failed"
+            ]
+            self._mark_photos_lost(session, [letter.photo_id for letter in lost])
         return [row.photo_id for row in rows if row.status == "pending"], lost
+
+    def _take_owed_dead_letters(self) -> list[OwedDeadLetter]:
+        """Final failures whose dead letter was never accepted, leased to this run (SPEC 5).
+
+        Only letters owed for longer than STALE_AFTER_SECONDS: by then the worker that marked the
+        failure has surely finished sending (or died), so a letter is sent twice only after a death.
+        """
+        now = func.now()
+        owed = (
+            select(PhotoJob.photo_id)
+            .where(PhotoJob.dead_letter_owed_at < now - timedelta(seconds=self._settings.stale_after_seconds))
+            .order_by(PhotoJob.dead_letter_owed_at)
+            .limit(self._batch_size)
+            .with_for_update(skip_locked=True)
+            .cte("owed")
+        )
+        with self._sessions.begin() as session:
+            rows = session.execute(
+                update(PhotoJob)
+                .where(PhotoJob.photo_id == owed.c.photo_id)
+                .values(dead_letter_owed_at=now)
+                .returning(PhotoJob.photo_id, PhotoJob.attempt, PhotoJob.last_error_code)
+            ).all()
+        return [OwedDeadLetter(row.photo_id, row.attempt, ErrorCode(row.last_error_code)) for row in rows]
+
+    def _send_dead_letters(self, letters: list[OwedDeadLetter]) -> int:
+        """Send each letter; the accepted ones are owed no more. The number not accepted (still owed,
+        taken again once their lease has passed)."""
+        sent = [
+            letter.photo_id
+            for letter in letters
+            if self._queue.send_dead_letter(letter.photo_id, letter.attempt, letter.code, "sent by the sweep")
+        ]
+        if sent:
+            with self._sessions.begin() as session:
+                session.execute(
+                    update(PhotoJob).where(PhotoJob.photo_id.in_(sent)).values(dead_letter_owed_at=None)
+                )
+        return len(letters) - len(sent)
 
     @staticmethod
     def _mark_photos_lost(session: Session, photo_ids: list[UUID]) -> None:

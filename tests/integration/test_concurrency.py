@@ -124,23 +124,30 @@ def test_concurrent_deliveries_let_one_through_the_claim(
     assert published_state(db, upload.photo_id) == (2, 1, "done", 1)
 
 
-def test_concurrent_renders_race_the_conditional_publish_and_exactly_one_wins(
+def test_concurrent_renders_of_taken_over_claims_let_only_the_last_claim_write_and_publish(
     infra: Infra, db: Engine, engines: list[Engine]
 ) -> None:
     # GIVEN a claim that any delivery can take over at once (stale after 0 s, attempts to spare)
     data = (samples.IMAGES / "YellowFlower.jpg").read_bytes()
     upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="YellowFlower.jpg", data=data)
-    settings = infra.configure(stale_after_seconds=0, max_attempts=100)
-    render, publish = threading.Barrier(WORKERS, timeout=60), threading.Barrier(WORKERS, timeout=60)
+    settings = infra.configure(stale_after_seconds=0, max_attempts=100, max_receive_count=100)
+    render = threading.Barrier(WORKERS, timeout=60)
+    puts: list[str] = []
 
-    # WHEN eight deliveries all claim, all render, and all enter the publish transaction together
-    make = services(infra, engines, settings, render=render, publish=publish)
+    def count_put(params: dict[str, Any], **_: Any) -> None:
+        puts.append(params["Key"])
+
+    # WHEN eight deliveries each claim in turn (taking the job over), then all render together
+    infra.s3.meta.events.register("before-parameter-build.s3.PutObject", count_put)
+    make = services(infra, engines, settings, render=render)
     results = deliver_all(make, PhotoRequest(upload.photo_id), until_claimed=True)
+    infra.s3.meta.events.unregister("before-parameter-build.s3.PutObject", count_put)
 
-    # THEN the conditional UPDATE let exactly one publish; the seven others answered `already`
+    # THEN the fencing token let exactly one write the variants and publish; the seven others,
+    # superseded, wrote nothing
     outcomes = Counter(r.outcome for r in results)
-    assert outcomes == {Outcome.PUBLISHED: 1, Outcome.ALREADY: 7}
-    assert all(r.steps is not None for r in results)
+    assert outcomes == {Outcome.PUBLISHED: 1, Outcome.SUPERSEDED: 7}
+    assert len(puts) == 2
     # AND entity_version went up once, with one event; the last claim finished the job
     version, events, status, attempt = published_state(db, upload.photo_id)
     assert (version, events, status) == (2, 1, "done")
@@ -156,6 +163,8 @@ def test_a_slow_worker_whose_job_was_taken_over_changes_nothing_of_the_job(
     upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="Storm.jpg", data=data)
     reached, release = threading.Event(), threading.Event()
 
+    slow_puts: list[str] = []
+
     class SlowStore(S3Store):
         def open_original(self, key: str, max_bytes: int) -> OriginalStream:
             reached.set()
@@ -163,6 +172,10 @@ def test_a_slow_worker_whose_job_was_taken_over_changes_nothing_of_the_job(
             if ending == "fails":
                 raise PhotoError(ErrorCode.STORAGE_READ_FAILED, "the slow worker's read finally fails")
             return super().open_original(key, max_bytes)
+
+        def put_variant(self, key: str, data: bytes, content_type: str) -> None:
+            slow_puts.append(key)
+            super().put_variant(key, data, content_type)
 
     queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
     slow = PhotoService(PhotoRepository(engines[0]), SlowStore(infra.s3, BUCKET), queue, infra.settings)
@@ -184,7 +197,9 @@ def test_a_slow_worker_whose_job_was_taken_over_changes_nothing_of_the_job(
         late = slow_result.result(30)
 
     # THEN nothing it did changed the job: done by attempt 2, no error recorded, one event
-    assert late.outcome in {Outcome.ALREADY, Outcome.SUPERSEDED}
+    assert late.outcome is Outcome.SUPERSEDED
+    # AND it never wrote over the published variants (immutable, cached for a year)
+    assert slow_puts == []
     assert published_state(db, upload.photo_id) == (2, 1, "done", 2)
     with db.connect() as connection:
         assert (

@@ -14,8 +14,16 @@ from sqlalchemy.exc import IntegrityError
 
 from devkit import stack
 from photo_publish.errors import ErrorCode
-from photo_publish.models import Base, Photo, PhotoJob
-from photo_publish.repository import Claimed, Exhausted, NotClaimable, PhotoRepository, StoredVariant
+from photo_publish.keys import Upload
+from photo_publish.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.repository import (
+    Claimed,
+    Exhausted,
+    NotClaimable,
+    OwedDeadLetter,
+    PhotoRepository,
+    StoredVariant,
+)
 from tests.rows import job
 
 STALE, ATTEMPTS = 300, 3
@@ -159,8 +167,8 @@ def test_a_job_row_is_created_only_for_a_photo_that_exists(db: Engine) -> None:
     repository = PhotoRepository(db)
     photo_id = new_photo(db, job=False)
 
-    repository.ensure_job(photo_id, reopen_failed=False)
-    repository.ensure_job(uuid.uuid4(), reopen_failed=False)
+    repository.ensure_job(photo_id)
+    repository.ensure_job(uuid.uuid4(), upload=Upload("01", "e"))
 
     with db.connect() as connection:
         assert connection.scalars(select(PhotoJob.photo_id)).all() == [photo_id]
@@ -171,11 +179,46 @@ def test_an_upload_of_the_original_reopens_a_failed_job_and_nothing_else(db: Eng
     set_job(db, failed, status="failed", attempt=3, last_error_code="ORIGINAL_NOT_FOUND")
     set_job(db, done, status="done", attempt=1)
 
-    repository.ensure_job(failed, reopen_failed=True)
-    repository.ensure_job(done, reopen_failed=True)
+    repository.ensure_job(failed, upload=Upload("0A", "e1"))
+    repository.ensure_job(done, upload=Upload("0A", "e1"))
 
     assert job(db, failed)[:2] == ("pending", 0)
     assert job(db, done) == ("done", 1, None)
+
+
+@pytest.mark.parametrize(
+    ("seen", "event", "reopens"),
+    [
+        pytest.param(Upload("0A", "e1"), Upload("0A", "e1"), False, id="the-same-upload-again"),
+        pytest.param(Upload("0A", "e1"), Upload("0B", "e2"), True, id="a-newer-upload"),
+        pytest.param(Upload("FF", "e1"), Upload("0100", "e2"), True, id="a-newer-longer-sequencer"),
+        pytest.param(Upload("0B", "e2"), Upload("0A", "e1"), False, id="an-older-upload-late"),
+        pytest.param(Upload(None, "e1"), Upload(None, "e1"), False, id="no-sequencer-same-etag"),
+        pytest.param(Upload(None, "e1"), Upload(None, "e2"), True, id="no-sequencer-new-etag"),
+    ],
+)
+def test_only_a_newer_upload_reopens_a_failed_job(
+    db: Engine, seen: Upload, event: Upload, reopens: bool
+) -> None:
+    # GIVEN a job that saw an upload, then failed for good (a crashing input: its worker was lost)
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.ensure_job(photo_id, upload=seen)
+    set_job(db, photo_id, status="failed", attempt=3, last_error_code="WORKER_LOST")
+
+    # WHEN an upload event arrives: a duplicate or redelivery of the one it saw, or another upload
+    repository.ensure_job(photo_id, upload=event)
+
+    # THEN only a genuinely newer upload gives the job its attempts back
+    assert job(db, photo_id)[:2] == (("pending", 0) if reopens else ("failed", 3))
+
+
+def test_a_job_message_never_reopens_a_failed_job(db: Engine) -> None:
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, status="failed", attempt=3, last_error_code="DECODE_FAILED")
+
+    repository.ensure_job(photo_id)
+
+    assert job(db, photo_id) == ("failed", 3, "DECODE_FAILED")
 
 
 # --- fencing and failure marking -----------------------------------------------------------
@@ -199,28 +242,50 @@ def test_a_worker_whose_job_was_taken_over_changes_nothing_when_it_fails(db: Eng
         assert connection.scalar(select(Photo.processing_state).where(Photo.id == photo_id)) == "uploaded"
 
 
-def test_a_worker_whose_job_was_taken_over_may_publish_but_leaves_the_job_to_its_owner(db: Engine) -> None:
+def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
+    # GIVEN a job claimed by a slow worker (attempt 1) and then taken over (attempt 2)
     repository, photo_id = PhotoRepository(db), new_photo(db)
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
     set_job(db, photo_id, claimed_at=func.now() - timedelta(seconds=STALE + 1))
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
 
+    # WHEN the slow worker finishes rendering: may it write its variants, may it publish?
+    holds = repository.holds(photo_id, 1)
     result = repository.publish(photo_id, 1, width=2560, height=1600, variants=VARIANTS, variant_version=1)
 
-    # The photo's publication is gated by its own conditional update; the job by the token.
-    assert result.outcome == "published"
+    # THEN neither: it is fenced out, and the photo, its variants, events and job are untouched
+    assert (holds, result.outcome) == (False, "superseded")
     assert job(db, photo_id) == ("active", 2, None)
+    with db.connect() as connection:
+        assert connection.scalar(select(Photo.entity_version).where(Photo.id == photo_id)) == 1
+        assert connection.scalar(select(func.count()).select_from(PhotoVariant)) == 0
+        assert connection.scalar(select(func.count()).select_from(OutboxEvent)) == 0
+
+    # AND the owner publishes, once
+    assert repository.holds(photo_id, 2)
     assert repository.publish(
         photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1
-    ).outcome == ("already")
+    ).outcome == ("published")
     assert job(db, photo_id)[:2] == ("done", 2)
+    assert not repository.holds(photo_id, 2)
+
+
+def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None:
+    # GIVEN a published photo whose job is active again (an operator's retry raced the publish)
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    repository.publish(photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1)
+    set_job(db, photo_id, status="active", attempt=2)
+
+    # WHEN its worker asks whether it may write the variants
+    # THEN it may not, though it holds the claim
+    assert not repository.holds(photo_id, 2)
 
 
 def test_a_failure_never_downgrades_a_published_photo(db: Engine) -> None:
     repository, photo_id = PhotoRepository(db), new_photo(db)
-    repository.claim(photo_id, stale_after=0, max_attempts=ATTEMPTS)
-    repository.claim(photo_id, stale_after=0, max_attempts=ATTEMPTS)
-    repository.publish(photo_id, 2, width=10, height=10, variants=VARIANTS, variant_version=1)
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    repository.publish(photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1)
     set_job(db, photo_id, status="active", attempt=3)
 
     assert repository.fail(photo_id, 3, ErrorCode.DECODE_FAILED)
@@ -256,3 +321,40 @@ def _alembic_config():  # type: ignore[no-untyped-def]
     from alembic.config import Config
 
     return Config(str(stack.ROOT / "alembic.ini"))
+
+
+# --- dead letters owed ------------------------------------------------------------------------
+
+
+def owed_at(db: Engine, photo_id: uuid.UUID) -> object:
+    with db.connect() as connection:
+        return connection.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == photo_id))
+
+
+def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> None:
+    # GIVEN a job failed for good, and another failed permanently
+    repository, final, permanent = PhotoRepository(db), new_photo(db), new_photo(db)
+    for photo_id in (final, permanent):
+        repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    assert repository.fail(final, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    assert repository.fail(permanent, 1, ErrorCode.DECODE_FAILED)
+
+    # THEN only the final failure owes a dead letter, recorded with the failure itself
+    assert owed_at(db, final) is not None
+    assert owed_at(db, permanent) is None
+
+    # AND it is not for a second sender while its first sender may still be sending
+    wait = repository.take_owed_dead_letter(final, lease_seconds=STALE)
+    assert isinstance(wait, float) and STALE - 5 < wait <= STALE
+    assert repository.take_owed_dead_letter(permanent, lease_seconds=STALE) is None
+
+    # WHEN its lease has passed, one taker gets it (a second gets the new lease's wait)
+    set_job(db, final, dead_letter_owed_at=func.now() - timedelta(seconds=STALE + 1))
+    taken = repository.take_owed_dead_letter(final, lease_seconds=STALE)
+    assert taken == OwedDeadLetter(final, 1, ErrorCode.STORAGE_READ_FAILED)
+    assert isinstance(repository.take_owed_dead_letter(final, lease_seconds=STALE), float)
+
+    # AND once sent, nothing is owed
+    repository.dead_letter_sent([final])
+    assert owed_at(db, final) is None
+    assert repository.take_owed_dead_letter(final, lease_seconds=STALE) is None

@@ -14,7 +14,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, select, text, update
 
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller, sqs_event
@@ -175,6 +175,33 @@ def test_an_unreachable_database_returns_the_record_without_spending_an_attempt(
     assert job(db, shot.photo_id) == ("done", 1, None)
 
 
+def test_a_row_locked_by_a_stuck_transaction_is_a_transient_failure_not_a_hang(
+    fast: Infra, db: Engine, engine: Engine
+) -> None:
+    # GIVEN a one-second statement and lock timeout, and another session holding the photo's job
+    # row in a transaction that never ends (a frozen worker, a person at a psql prompt)
+    fast.configure(db_statement_timeout_seconds=1)
+    shot = upload(fast, db)
+    with bootstrap.engine().connect() as probe:
+        assert probe.scalar(text("SHOW lock_timeout")) == "1s"
+    with engine.connect() as stuck:
+        stuck.execute(select(PhotoJob).where(PhotoJob.photo_id == shot.photo_id).with_for_update())
+
+        # WHEN the notification is delivered
+        started = time.monotonic()
+        poller = Poller(fast.sqs, fast.queues.url, fast.queues.arn, process.lambda_handler, wait_seconds=1)
+        poller.poll_once()
+
+        # THEN the claim gave up after the lock timeout: a batch item failure, the job untouched
+        assert time.monotonic() - started < 10
+        assert poller.failed == 1
+        stuck.rollback()
+    assert job(db, shot.photo_id) == ("pending", 0, None)
+
+    # AND once the lock is gone the photo publishes
+    poll_until(fast, published(db, shot.photo_id))
+
+
 def test_a_crash_after_the_commit_redelivers_and_answers_already(infra: Infra, db: Engine) -> None:
     # GIVEN a published photo whose message was never deleted (the run died after the commit)
     shot = upload(infra, db)
@@ -232,6 +259,65 @@ def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publish
     assert events(db, shot.photo_id) == 1
 
 
+def test_a_final_failure_whose_dead_letter_is_refused_sends_it_when_the_message_comes_back(
+    fast: Infra, db: Engine
+) -> None:
+    # GIVEN S3 unreachable for reads, and the dead-letter queue refusing the first letter
+    fast.configure(stale_after_seconds=2)
+    with (
+        aws_fails(bootstrap.s3_client(), "GetObject"),
+        aws_fails(bootstrap.sqs_client(), "SendMessage", times=1),
+    ):
+        shot = upload(fast, db)
+
+        # WHEN the photo is delivered until it is given up, and its message comes back
+        poller = poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+        poll_until(fast, lambda: len(dead_letters(fast)) == 1)
+
+    # THEN it is a final failure whose letter reached the dead-letter queue once, owed no more
+    assert job(db, shot.photo_id) == ("failed", 3, "STORAGE_READ_FAILED")
+    letters = dead_letters(fast)
+    assert [m["MessageAttributes"]["errorCode"]["StringValue"] for m in letters] == ["STORAGE_READ_FAILED"]
+    with db.connect() as c:
+        assert (
+            c.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == shot.photo_id)) is None
+        )
+    # AND the message itself was acknowledged once the letter was sent
+    poller.poll_once()
+    assert fast.sqs.get_queue_attributes(
+        QueueUrl=fast.queues.url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"] == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+    assert len(dead_letters(fast)) == 1
+
+
+def test_a_redrive_leaves_nonsense_in_the_queue_and_retries_every_photo_around_it(
+    fast: Infra, db: Engine
+) -> None:
+    # GIVEN two photos given up after their attempts, and between their dead letters a body nested
+    # deeper than the JSON parser and a letter whose photoId attribute is not a UUID
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        first = upload(fast, db, "Aqua.jpg")
+        poll_until(fast, lambda: job(db, first.photo_id)[0] == "failed")
+        fast.sqs.send_message(QueueUrl=fast.queues.dead_letter_url, MessageBody="[" * 100_000 + "]" * 100_000)
+        fast.sqs.send_message(
+            QueueUrl=fast.queues.dead_letter_url,
+            MessageBody="{}",
+            MessageAttributes={"photoId": {"DataType": "String", "StringValue": "not-a-uuid"}},
+        )
+        second = upload(fast, db, "Garden.jpg")
+        poll_until(fast, lambda: job(db, second.photo_id)[0] == "failed")
+
+    # WHEN the operator redrives the dead-letter queue
+    summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
+    poll_until(fast, lambda: all(photo(db, s.photo_id)[0] == "ready" for s in (first, second)))
+
+    # THEN both photos were retried and published; the two nonsense messages wait for a person
+    assert sorted(summary.photos) == sorted([first.photo_id, second.photo_id])
+    assert summary.left_in_queue == 2
+    assert len(dead_letters(fast)) == 2
+
+
 def test_an_operator_retry_of_chosen_photos_sends_one_message_each(fast: Infra, db: Engine) -> None:
     # GIVEN two photos that failed for good, and one that is published
     with aws_fails(bootstrap.s3_client(), "GetObject"):
@@ -252,25 +338,32 @@ def test_an_operator_retry_of_chosen_photos_sends_one_message_each(fast: Infra, 
 def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
     infra: Infra, db: Engine
 ) -> None:
-    # GIVEN a redrive policy that dead-letters at the second receive, and three attempts per job
+    # GIVEN a redrive policy that dead-letters at the third receive, and three attempts per job
     from devkit import stack
 
     queues = stack.create_queues(
-        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-r2", max_receive_count=2, visibility_timeout=60
+        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-r3", max_receive_count=3, visibility_timeout=60
     )
     stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
     stack.drop_test_events(infra.sqs, queues.url)
     infra.queues = queues
+    database_url = db.url.render_as_string(hide_password=False)
     infra.configure(
         retry_base_seconds=1,
-        max_receive_count=2,
+        max_receive_count=3,
         process_queue_url=queues.url,
         dead_letter_queue_url=queues.dead_letter_url,
+        database_url="postgresql://postgres@127.0.0.1:9/none",
     )
 
-    # WHEN the first two attempts fail transiently (the second at ApproximateReceiveCount 2)
+    # WHEN a receive spends no attempt (the database refused connections), and then the first two
+    # attempts fail transiently, the second at ApproximateReceiveCount 3
+    shot = upload(infra, db)
+    poller = Poller(infra.sqs, queues.url, queues.arn, process.lambda_handler, wait_seconds=2)
+    poller.poll_once()
+    assert (poller.failed, job(db, shot.photo_id)) == (1, ("pending", 0, None))
+    infra.configure(database_url=database_url)
     with aws_fails(bootstrap.s3_client(), "GetObject", times=2):
-        shot = upload(infra, db)
         poll_until(infra, published(db, shot.photo_id))
 
     # THEN a fresh message carried the third attempt, which published; nothing was dead-lettered
@@ -323,6 +416,52 @@ def test_a_stale_job_with_no_attempts_left_is_a_final_failure_with_worker_lost(
     assert job(db, shot.photo_id) == ("failed", 3, "WORKER_LOST")
     assert photo(db, shot.photo_id) == ("processing_failed", "WORKER_LOST", 1)
     assert len(dead_letters(infra)) == 1
+
+
+class Crash(BaseException):
+    """The run dies mid-render (out of memory, a libvips segfault): nothing after it runs."""
+
+
+def test_an_input_that_crashes_its_workers_is_failed_once_and_not_reopened_by_its_own_message(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN an upload whose render kills the run every time
+    from photo_publish import service
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise Crash
+
+    shot = upload(infra, db)
+    (message,) = infra.sqs.receive_message(
+        QueueUrl=infra.queues.url, WaitTimeSeconds=2, AttributeNames=["All"]
+    )["Messages"]
+    monkeypatch.setattr(service, "render", crash)
+    with pytest.raises(Crash):
+        process.lambda_handler(sqs_event([message], infra.queues.arn), LambdaContext())
+    # ... and twice more: its job holds its last attempt, stale
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(attempt=3, claimed_at=func.now() - func.make_interval(0, 0, 0, 0, 0, 10))
+        )
+
+    # WHEN the same notification comes back (the queue's redelivery), and again (a duplicate)
+    for _ in range(2):
+        response = process.lambda_handler(sqs_event([message], infra.queues.arn), LambdaContext())
+        assert response == {"batchItemFailures": []}
+
+    # THEN the job failed once with WORKER_LOST and one dead letter; its own message reopened nothing
+    assert job(db, shot.photo_id) == ("failed", 3, "WORKER_LOST")
+    assert len(dead_letters(infra)) == 1
+
+    # WHEN the user uploads the original again (a new object: a new eTag)
+    monkeypatch.undo()
+    uploads.put_original(infra.s3, BUCKET, shot.key, (samples.IMAGES / "Garden.jpg").read_bytes())
+    poll_until(infra, published(db, shot.photo_id))
+
+    # THEN that upload reopened the job, which published
+    assert job(db, shot.photo_id)[:2] == ("done", 1)
 
 
 def test_a_delivery_for_a_job_in_backoff_goes_back_to_the_queue_until_due(infra: Infra, db: Engine) -> None:

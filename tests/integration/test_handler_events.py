@@ -151,3 +151,34 @@ def test_a_job_message_for_a_deleted_photo_is_skipped(infra: Infra, db: Engine) 
     assert response == {"batchItemFailures": []}
     with db.connect() as connection:
         assert connection.scalar(select(func.count()).select_from(PhotoJob)) == 0
+
+
+def test_a_body_nested_deeper_than_the_json_parser_is_acknowledged_as_malformed(
+    uploaded: None, db: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a 200 KB body of nested arrays (json.loads raises RecursionError on it)
+    event = copy.deepcopy(load_event("sqs_job_message"))
+    event["Records"][0]["body"] = "[" * 100_000 + "]" * 100_000
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN it is acknowledged as malformed, never retried into the dead-letter queue
+    assert response == {"batchItemFailures": []}
+    assert [r.getMessage() for r in caplog.records].count("malformed message") == 1
+
+
+def test_a_direct_s3_event_that_must_be_retried_is_handed_to_the_queue(infra: Infra, db: Engine) -> None:
+    # GIVEN S3 invoking the function directly for an upload whose photo row does not exist yet
+    infra.configure(retry_base_seconds=1)
+    event = load_event("s3_object_created")
+
+    # WHEN the handler runs
+    response = process.lambda_handler(event, LambdaContext())
+
+    # THEN it does not fail (Lambda's own async retries would drop it after two): the record went
+    # to the process queue, delayed by its backoff, where receive counts and the dead-letter queue
+    # take over
+    assert response == {"results": [{"photoId": str(PHOTO), "outcome": "retry"}]}
+    (message,) = infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=3)["Messages"]
+    assert json.loads(message["Body"]) == {"Records": event["Records"]}

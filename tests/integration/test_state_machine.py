@@ -24,7 +24,7 @@ from devkit import samples, uploads
 from photo_publish import operator
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
-from photo_publish.keys import parse_original_key
+from photo_publish.keys import Upload, parse_original_key
 from photo_publish.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.repository import PhotoRepository
 from photo_publish.service import Outcome, PhotoService
@@ -62,18 +62,27 @@ class Queue:
 
     inflight: deque[uuid.UUID] = field(default_factory=deque)
     dead: list[tuple[uuid.UUID, ErrorCode]] = field(default_factory=list)
+    # The dead-letter queue refuses the next sends (an outage, a throttle, a policy mistake).
+    refusing: int = 0
 
     def retry_later(self, receipt_handle: str, seconds: float) -> None: ...
 
     def send_job(self, photo_id: uuid.UUID, delay_seconds: float = 0) -> None:
         self.inflight.append(photo_id)
 
+    def send(self, body: str, delay_seconds: float = 0) -> None:
+        raise AssertionError("only the direct S3 path hands records to the queue")
+
     def send_jobs(self, photo_ids: Any) -> list[uuid.UUID]:
         self.inflight.extend(photo_ids)
         return []
 
-    def send_dead_letter(self, photo_id: uuid.UUID, attempt: int, code: ErrorCode, detail: str = "") -> None:
+    def send_dead_letter(self, photo_id: uuid.UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool:
+        if self.refusing:
+            self.refusing -= 1
+            return False
         self.dead.append((photo_id, code))
+        return True
 
 
 class JobStateMachine(RuleBasedStateMachine):
@@ -93,14 +102,19 @@ class JobStateMachine(RuleBasedStateMachine):
         self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
         self.queue.inflight.extend(p.photo_id for p in self.photos)
         self.ever_ready: set[uuid.UUID] = set()
+        # Each photo's uploads so far: an upload event announces the newest (or, late, an older one).
+        self.uploads = [1] * PHOTOS
 
     # --- what the world does ------------------------------------------------------------
 
-    def _deliver(self, index: int, fault: ErrorCode | None, *, upload_event: bool = False) -> Outcome:
+    def _deliver(self, index: int, fault: ErrorCode | None, *, upload: int | None = None) -> Outcome:
         shot = self.photos[index]
         self.store.fault = fault
-        original = parse_original_key(shot.key, STAGE) if upload_event else None
-        result = self.service.process(PhotoRequest(shot.photo_id, original))
+        request = PhotoRequest(shot.photo_id)
+        if upload is not None:
+            mark = Upload(sequencer=f"{upload:X}", etag=f"etag-{upload}")
+            request = PhotoRequest(shot.photo_id, parse_original_key(shot.key, STAGE), mark)
+        result = self.service.process(request)
         self.store.fault = None
         if result.outcome is Outcome.RETRY:
             self.queue.inflight.append(shot.photo_id)  # the queue brings the record back
@@ -113,9 +127,17 @@ class JobStateMachine(RuleBasedStateMachine):
             self.queue.inflight.remove(self.photos[index].photo_id)
         self._deliver(index, fault)
 
-    @rule(index=st.integers(0, PHOTOS - 1), fault=FAULTS)
-    def deliver_an_upload_event(self, index: int, fault: ErrorCode | None) -> None:
-        self._deliver(index, fault, upload_event=True)
+    @rule(index=st.integers(0, PHOTOS - 1), fault=FAULTS, which=st.sampled_from(["same", "new", "older"]))
+    def deliver_an_upload_event(self, index: int, fault: ErrorCode | None, which: str) -> None:
+        """The newest upload's event again (a duplicate, a redelivery), a new upload, or a late one."""
+        if which == "new":
+            self.uploads[index] += 1
+        upload = self.uploads[index] - (which == "older")
+        self._deliver(index, fault, upload=upload)
+
+    @rule(sends=st.integers(1, 3))
+    def the_dead_letter_queue_refuses(self, sends: int) -> None:
+        self.queue.refusing = sends
 
     @rule(index=st.integers(0, PHOTOS - 1))
     def a_message_is_lost(self, index: int) -> None:
@@ -139,7 +161,8 @@ class JobStateMachine(RuleBasedStateMachine):
                 text(
                     "UPDATE photo_jobs SET claimed_at = claimed_at - interval '1 hour',"
                     " next_retry_at = next_retry_at - interval '1 hour', enqueued_at = enqueued_at - interval '1 hour',"
-                    " created_at = created_at - interval '1 hour'"
+                    " created_at = created_at - interval '1 hour',"
+                    " dead_letter_owed_at = dead_letter_owed_at - interval '1 hour'"
                 )
             )
 
@@ -184,6 +207,7 @@ class JobStateMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """With faults gone and time passing, every photo settles: ready or processing_failed."""
+        self.queue.refusing = 0
         for _ in range(10):
             self.time_passes()
             self.the_sweep_runs()
@@ -201,6 +225,9 @@ class JobStateMachine(RuleBasedStateMachine):
             ).all()
         for photo_id, code in failed:
             assert ((photo_id, ErrorCode(code)) in self.queue.dead) != ErrorCode(code).permanent
+        with self.engine.connect() as connection:
+            owed = connection.scalar(select(func.count()).where(PhotoJob.dead_letter_owed_at.is_not(None)))
+        assert owed == 0, "a dead letter is still owed after the sweeps"
 
     def _index(self, photo_id: uuid.UUID) -> int:
         return next(i for i, p in enumerate(self.photos) if p.photo_id == photo_id)

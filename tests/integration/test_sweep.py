@@ -129,7 +129,7 @@ class RecordingQueue:
             self.sent.update(photo_ids)
         return []
 
-    def send_dead_letter(self, *args: Any) -> None:
+    def send_dead_letter(self, *args: Any) -> bool:
         raise AssertionError("no dead letter expected")
 
 
@@ -189,6 +189,39 @@ def test_stale_active_rows_are_re_sent_or_failed_with_worker_lost(infra: Infra, 
     # AND each final failure has its dead letter
     letters = sent(infra, infra.queues.dead_letter_url)
     assert letters == Counter(dict.fromkeys(lost + published, 1))
+
+
+def test_a_refused_dead_letter_neither_stops_the_run_nor_is_lost(infra: Infra, db: Engine) -> None:
+    # GIVEN due pending rows, a lost worker that held its last attempt, and a dead-letter queue that
+    # refuses messages (SendMessage; job messages go by SendMessageBatch)
+    due = jobs(db, 3, created_at=ago(20 * MINUTE))
+    lost = jobs(db, 1, status="active", attempt=3, claimed_at=ago(10 * MINUTE))
+    with aws_fails(infra.sqs, "SendMessage"):
+        # WHEN the sweep runs
+        summary = sweeper(infra).run()
+
+    # THEN the stamped rows were still sent, and the lost worker's job is failed, its letter owed
+    assert (summary.resent_pending, summary.worker_lost, summary.dead_letters_sent) == (3, 1, 0)
+    assert sent(infra) == Counter(dict.fromkeys(due, 1))
+    with db.connect() as c:
+        owed = c.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == lost[0]))
+    assert owed is not None
+    assert sent(infra, infra.queues.dead_letter_url) == Counter()
+
+    # WHEN a later sweep runs with the queue back, before and after the letter's lease
+    early = sweeper(infra).run()
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob).where(PhotoJob.photo_id == lost[0]).values(dead_letter_owed_at=ago(6 * MINUTE))
+        )
+    later = sweeper(infra).run()
+    again = sweeper(infra).run()
+
+    # THEN the owed letter was sent once, after its lease, and nothing is owed any more
+    assert (early.dead_letters_sent, later.dead_letters_sent, again.dead_letters_sent) == (0, 1, 0)
+    assert sent(infra, infra.queues.dead_letter_url) == Counter(dict.fromkeys(lost, 1))
+    with db.connect() as c:
+        assert c.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == lost[0])) is None
 
 
 def test_a_photo_whose_message_was_lost_is_published_after_a_sweep(infra: Infra, db: Engine) -> None:

@@ -401,7 +401,23 @@ def test_the_environment_is_settings_fields_and_validates_as_settings(proxy: str
         assert settings.db_secret_arn == REQUIRED["DbSecretArn"]
         assert settings.db_host == REQUIRED["DbHost"]
         assert settings.db_prepare_statements is (proxy == "false")  # off behind RDS Proxy
+        # RDS Proxy refuses startup options ("doesn't support command-line options")
+        assert settings.db_session_options is (proxy == "false")
         assert settings.database_url is None  # in AWS: from the secret
+        assert (settings.db_sslmode, settings.db_sslrootcert) == ("require", None)
+
+
+def test_a_ca_bundle_makes_the_functions_verify_the_database_server() -> None:
+    stack = Stack(DbCaBundlePath="/opt/rds/global-bundle.pem")
+    for name in stack.functions():
+        settings = Settings.from_env(stack.function(name)["Environment"]["Variables"])
+        assert (settings.db_sslmode, settings.db_sslrootcert) == ("verify-full", "/opt/rds/global-bundle.pem")
+
+
+def test_the_attempts_fit_within_the_redrives_receive_count(stack: Stack) -> None:
+    # a message at the redrive's count is dead-lettered by the queue: every attempt must come first
+    jobs = document()["Mappings"]["Settings"]["Jobs"]
+    assert jobs["MaxAttempts"] <= jobs["MaxReceiveCount"]
 
 
 @pytest.mark.parametrize("name", ["ProcessFunction", "SweepFunction"])
@@ -607,7 +623,8 @@ def code_calls(function: str) -> set[tuple[str, str]]:
 
 
 def role_grants(stack: Stack, role: str) -> set[tuple[str, str]]:
-    """(action, what it touches) for each statement of a role's inline policies."""
+    """(action, what it touches) for each statement of a role's own inline policy (the code's calls;
+    the `runtime` policy is what Lambda itself does with the role)."""
     bucket = stack.function("ProcessFunction")["Environment"]["Variables"]["PHOTO_BUCKET"]
     stage = stack.params["Stage"]
     names = {
@@ -620,14 +637,14 @@ def role_grants(stack: Stack, role: str) -> set[tuple[str, str]]:
         stack.params["DbSecretKmsKeyArn"]: "DbSecretKey",
     }
     grants = set()
-    for policy in stack.properties(role)["Policies"]:
-        for statement in policy["PolicyDocument"]["Statement"]:
-            assert statement["Effect"] == "Allow"
-            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-            resources = (
-                statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            )
-            grants |= {(a, names[r]) for a in actions for r in resources}
+    (policy,) = [p for p in stack.properties(role)["Policies"] if p["PolicyName"] != "runtime"]
+    for statement in policy["PolicyDocument"]["Statement"]:
+        assert statement["Effect"] == "Allow"
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        resources = (
+            statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        )
+        grants |= {(a, names[r]) for a in actions for r in resources}
     return grants
 
 
@@ -667,9 +684,8 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
 
 
 def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) -> None:
-    statements = {
-        s["Sid"]: s for s in stack.properties("ProcessRole")["Policies"][0]["PolicyDocument"]["Statement"]
-    }
+    (policy,) = [p for p in stack.properties("ProcessRole")["Policies"] if p["PolicyName"] == "process"]
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
     bucket = stack.function("ProcessFunction")["Environment"]["Variables"]["PHOTO_BUCKET"]
     album, photo = uuid4(), uuid4()
     original = f"arn:aws:s3:::{bucket}/" + original_key("dev", album, photo, "My photo.jpg")
@@ -680,8 +696,31 @@ def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) 
     assert fnmatch.fnmatchcase(variant, statements["WriteVariants"]["Resource"])
     assert not fnmatch.fnmatchcase(variant, statements["ReadOriginals"]["Resource"])
     assert not fnmatch.fnmatchcase(original, statements["WriteVariants"]["Resource"])
-    listing = statements["ListOriginals"]["Condition"]["StringLike"]["s3:prefix"]
-    assert fnmatch.fnmatchcase(original_key("dev", album, photo, "x.jpg"), listing)
+    # A missing original must be a 404 (permanent), not a 403 (transient: three attempts and a
+    # page): S3 answers 404 only to a caller allowed s3:ListBucket, checked with no s3:prefix.
+    listing = statements["MissingOriginalIs404"]
+    assert listing["Action"] == "s3:ListBucket"
+    assert listing["Resource"] == f"arn:aws:s3:::{bucket}"
+    assert "Condition" not in listing
+
+
+@pytest.mark.parametrize("subnets", ["", "subnet-1,subnet-2"])
+@pytest.mark.parametrize(
+    ("role", "group"), [("ProcessRole", "ProcessLogGroup"), ("SweepRole", "SweepLogGroup")]
+)
+def test_each_role_writes_logs_to_its_own_log_group_only(role: str, group: str, subnets: str) -> None:
+    stack = Stack(SubnetIds=subnets, SecurityGroupIds="sg-1" if subnets else "")
+    properties = stack.properties(role)
+    # no AWS-managed execution policy: those grant the logs actions on every log group
+    assert [str(arn).rsplit("/", 1)[-1] for arn in properties["ManagedPolicyArns"]] == [
+        "AWSXRayDaemonWriteAccess"
+    ]
+    (runtime,) = [p for p in properties["Policies"] if p["PolicyName"] == "runtime"]
+    statements = {s["Sid"]: s for s in runtime["PolicyDocument"]["Statement"]}
+    assert statements["OwnLogGroup"]["Resource"] == f"<{group}.Arn>"
+    assert set(statements["OwnLogGroup"]["Action"]) == {"logs:CreateLogStream", "logs:PutLogEvents"}
+    # the network interfaces only where the function runs in the VPC
+    assert ("NetworkInterfaces" in statements) == bool(subnets)
 
 
 # --- alarms and outputs ---------------------------------------------------------------------------

@@ -16,14 +16,19 @@ from photo_publish.events import (
     from_sqs_body,
     is_s3_event,
 )
-from photo_publish.keys import OriginalKey
+from photo_publish.keys import OriginalKey, Upload
 from tests.conftest import BUCKET, STAGE, load_event
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")
 FILE_NAME = "My photo (2) + [final] 100% été.jpg"
 KEY = f"dev/originals/albums/{ALBUM_ID}/{PHOTO_ID}/{FILE_NAME}"
-UPLOAD = PhotoRequest(PHOTO_ID, OriginalKey(KEY, ALBUM_ID, PHOTO_ID, FILE_NAME))
+# The shipped events' upload: S3's sequencer and the object's eTag.
+UPLOAD = PhotoRequest(
+    PHOTO_ID,
+    OriginalKey(KEY, ALBUM_ID, PHOTO_ID, FILE_NAME),
+    Upload(sequencer="0055AED6DCD90281E5", etag="d41d8cd98f00b204e9800998ecf8427e"),
+)
 JOB = PhotoRequest(PHOTO_ID)
 
 
@@ -120,7 +125,7 @@ def test_an_encoded_key_is_decoded_once_into_the_uploaded_key(
     requests = parse(body)
 
     # THEN the request carries the key exactly as uploaded
-    assert requests == [PhotoRequest(PHOTO_ID, OriginalKey(key, ALBUM_ID, PHOTO_ID, file_name))]
+    assert requests == [PhotoRequest(PHOTO_ID, OriginalKey(key, ALBUM_ID, PHOTO_ID, file_name), Upload())]
 
 
 @pytest.mark.parametrize(
@@ -170,6 +175,9 @@ def test_an_irrelevant_body_asks_for_nothing(body: str) -> None:
             json.dumps({"source": "aws.s3", "detail": {"bucket": {"name": BUCKET}}}),
             id="eb-without-detail-type",
         ),
+        # 200 KB of nested arrays: deeper than the JSON parser's recursion limit.
+        pytest.param("[" * 100_000 + "]" * 100_000, id="nested-deeper-than-the-parser"),
+        pytest.param('{"photoId": ' + "[" * 100_000 + "]" * 100_000 + "}", id="nested-in-an-object"),
     ],
 )
 def test_a_malformed_body_is_refused_as_malformed(body: str) -> None:
@@ -178,3 +186,18 @@ def test_a_malformed_body_is_refused_as_malformed(body: str) -> None:
     # THEN it is refused as malformed (acknowledged and counted, never retried)
     with pytest.raises(MalformedMessage):
         parse(body)
+
+
+def test_uploads_of_one_key_are_told_apart_by_sequencer_and_etag() -> None:
+    # GIVEN two notifications of the same key: S3's own, and one from an emulator with no sequencer
+    record = load_event("s3_object_created")["Records"][0]
+    bare = json.loads(s3_notification(quote_plus(KEY, safe="/")))["Records"][0]
+    bare["s3"]["object"]["eTag"] = "0123"
+
+    # WHEN they are read
+    (aws,) = from_s3_records([record], bucket=BUCKET, stage=STAGE)
+    (emulator,) = from_s3_records([bare], bucket=BUCKET, stage=STAGE)
+
+    # THEN each carries what identifies its upload
+    assert aws.upload == Upload("0055AED6DCD90281E5", "d41d8cd98f00b204e9800998ecf8427e")
+    assert emulator.upload == Upload(None, "0123")

@@ -39,11 +39,15 @@ def test_only_the_required_variables_give_the_spec_defaults() -> None:
 
 @pytest.mark.parametrize("name", SPEC_DEFAULTS)
 def test_an_environment_variable_overrides_its_default(name: str) -> None:
-    # GIVEN the variable set to a value other than its default
+    # GIVEN the variable set to a value other than its default (the redrive's receive count raised
+    # with the attempts: it may not be fewer)
     value = SPEC_DEFAULTS[name] + 7
+    environ = REQUIRED | {name: str(value)}
+    if name == "MAX_ATTEMPTS":
+        environ["MAX_RECEIVE_COUNT"] = str(value)
 
     # WHEN the settings are read
-    settings = Settings.from_env(REQUIRED | {name: str(value)})
+    settings = Settings.from_env(environ)
 
     # THEN the setting takes it, as an integer
     assert getattr(settings, name.lower()) == value
@@ -196,10 +200,10 @@ def test_a_boolean_variable_refuses_anything_else(value: str) -> None:
 
 @pytest.mark.parametrize(("value", "expected"), [(" 7 ", 7), ("+7", 7), ("07", 7), ("1_000", 1000)])
 def test_an_integer_variable_reads_as_python_reads_integers(value: str, expected: int) -> None:
-    # GIVEN MAX_ATTEMPTS with spaces around, a sign, a leading zero or digit separators
+    # GIVEN MAX_RECEIVE_COUNT with spaces around, a sign, a leading zero or digit separators
     # WHEN the settings are read
     # THEN it is that integer
-    assert Settings.from_env(REQUIRED | {"MAX_ATTEMPTS": value}).max_attempts == expected
+    assert Settings.from_env(REQUIRED | {"MAX_RECEIVE_COUNT": value}).max_receive_count == expected
 
 
 @pytest.mark.parametrize("value", ["7.5", "7.0", "1e3", "0x7", "seven", "7 0"])
@@ -274,3 +278,40 @@ def test_a_changed_copy_is_validated_too() -> None:
     assert (copy.webp_quality, settings.webp_quality) == (90, 80)
     with pytest.raises(InvalidSettings, match=r"^WEBP_QUALITY must be between 1 and 100, got 101"):
         replace(settings, webp_quality=101)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{"MAX_ATTEMPTS": "6"}, {"MAX_RECEIVE_COUNT": "2"}, {"MAX_ATTEMPTS": "4", "MAX_RECEIVE_COUNT": "3"}],
+)
+def test_more_attempts_than_the_redrives_receive_count_are_refused(environ: dict[str, str]) -> None:
+    # GIVEN attempts the redrive would cut short: it dead-letters a message at MAX_RECEIVE_COUNT,
+    # and a message at that count is handed on as a job message without its key (an upload whose
+    # photo row never appears would be skipped, not dead-lettered)
+    # WHEN the settings are read
+    # THEN they are refused at cold start, naming both variables
+    with pytest.raises(InvalidSettings, match=r"MAX_ATTEMPTS \(\d+\) must not exceed MAX_RECEIVE_COUNT"):
+        Settings.from_env(REQUIRED | environ)
+    # AND so are settings built directly
+    with pytest.raises(InvalidSettings, match="must not exceed MAX_RECEIVE_COUNT"):
+        Settings(database_url="postgresql://x", photo_bucket="bucket", stage="dev", max_attempts=6)
+
+
+def test_equal_attempts_and_receive_count_are_accepted() -> None:
+    settings = Settings.from_env(REQUIRED | {"MAX_ATTEMPTS": "5", "MAX_RECEIVE_COUNT": "5"})
+    assert (settings.max_attempts, settings.max_receive_count) == (5, 5)
+
+
+@pytest.mark.parametrize("mode", ["verify-ca", "verify-full"])
+def test_verifying_the_database_server_needs_its_ca_bundle(mode: str) -> None:
+    with pytest.raises(InvalidSettings, match="need DB_SSLROOTCERT"):
+        Settings.from_env(REQUIRED | {"DB_SSLMODE": mode})
+    settings = Settings.from_env(
+        REQUIRED | {"DB_SSLMODE": mode, "DB_SSLROOTCERT": "/opt/rds/global-bundle.pem"}
+    )
+    assert (settings.db_sslmode, settings.db_sslrootcert) == (mode, "/opt/rds/global-bundle.pem")
+
+
+def test_a_tls_mode_that_does_not_encrypt_is_refused() -> None:
+    with pytest.raises(InvalidSettings, match="DB_SSLMODE must match"):
+        Settings.from_env(REQUIRED | {"DB_SSLMODE": "prefer"})
