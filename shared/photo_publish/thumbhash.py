@@ -67,7 +67,7 @@ def rgba_for_thumbhash(image: pyvips.Image) -> RGBAImage:
         small = small.bandjoin_const(255)
     if small.bands != 4 or small.format != "uchar":
         raise ValueError(f"expected sRGB uchar with 1-4 bands, got {image.bands} bands of {image.format}")
-    return RGBAImage(small.width, small.height, small.write_to_memory())
+    return RGBAImage(small.width, small.height, bytes(small.write_to_memory()))
 
 
 # --- the encoder --------------------------------------------------------------------------------
