@@ -115,7 +115,10 @@ def rgba_to_thumbhash(width: int, height: int, rgba: bytes) -> bytes:
 
 
 def average_color(width: int, height: int, rgba: bytes) -> str:
-    """The mean colour of the visible picture, weighted by alpha, as `#rrggbb` (black if none is)."""
+    """The mean of the visible picture's sRGB values, weighted by alpha, as `#rrggbb` (black if none is).
+
+    The same mean the hash's own average approximates (to 6 bits a component), rounded to 8 bits.
+    """
     (r, g, b), _, _ = _lpqa(width, height, rgba)
     return "#" + "".join(f"{min(255, max(0, js_round(255 * v))):02x}" for v in (r, g, b))
 
@@ -312,8 +315,12 @@ def _js_round_array(x: Floats) -> Floats:
     return down + (x - down >= 0.5)
 
 
-# fdlibm's cos (Sun Microsystems, 1993; freely redistributable with this notice kept), which V8
-# computes Math.cos with, for |x| < 2^19 * pi/2: ThumbHash's arguments stay below 7 * pi.
+# fdlibm's cos, the one V8 computes Math.cos with (src/base/ieee754.cc, Node.js 20), ported for
+# 0 <= x < 2^19 * pi/2: ThumbHash's arguments stay below 7 * pi. Its notice, kept as it asks:
+#   Copyright (C) 1993 by Sun Microsystems, Inc. All rights reserved.
+#   Developed at SunSoft, a Sun Microsystems, Inc. business.
+#   Permission to use, copy, modify, and distribute this software is freely granted,
+#   provided that this notice is preserved.
 _INVPIO2 = 6.36619772367581382433e-01
 _PIO2 = (  # pi/2 in three parts of 33 bits, each with the tail after it
     (1.57079632673412561417e00, 6.07710050650619224932e-11),
