@@ -70,7 +70,11 @@ def notification_for(key: str, tmp_path: Path) -> Path:
 
 
 def assert_published(engine: Engine, photo_id: str, invocation: Invocation) -> None:
-    """The photo is ready with two variants in S3, one outbox event, its job done."""
+    assert_published_in(engine, photo_id, invocation, bucket=BUCKET, stage=STAGE)
+
+
+def assert_published_in(engine: Engine, photo_id: str, invocation: Invocation, *, bucket: str, stage: str) -> None:
+    """The photo is ready with two variants in the bucket, one outbox event, its job done."""
     assert invocation.result == {"batchItemFailures": []}, invocation.output[-3000:]
     (line,) = invocation.lines("photo processed")
     assert line["outcome"] == "published", line
@@ -87,10 +91,10 @@ def assert_published(engine: Engine, photo_id: str, invocation: Invocation) -> N
     assert sorted(v.kind for v in variants) == ["browse", "thumb"]
     s3 = client("s3")
     for variant in variants:
-        head = s3.head_object(Bucket=BUCKET, Key=variant.storage_key)
+        head = s3.head_object(Bucket=bucket, Key=variant.storage_key)
         assert head["ContentType"] == "image/webp"
         assert head["ContentLength"] == variant.bytes > 0
-        assert variant.storage_key.startswith(f"{STAGE}/albums/{photo.album_id}/variants/{photo_id}/")
+        assert variant.storage_key.startswith(f"{stage}/albums/{photo.album_id}/variants/{photo_id}/")
 
 
 @pytest.fixture(scope="module")
