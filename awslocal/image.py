@@ -94,9 +94,24 @@ def present_label(image: str) -> str | None:
 def build_root(root: Path, python: Path, rie: Path) -> None:
     include = ",".join(DEBIAN_PACKAGES)
     say(f"debootstrap --variant=minbase {SUITE} (about a minute with a near mirror)")
-    run("debootstrap", "--variant=minbase", f"--include={include}", SUITE, root, MIRROR, stdout=subprocess.DEVNULL)
+    run(
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={include}",
+        SUITE,
+        root,
+        MIRROR,
+        stdout=subprocess.DEVNULL,
+    )
     # Nothing of apt's or the docs is needed to run a function.
-    for junk in ("usr/share/doc", "usr/share/man", "usr/share/locale", "usr/share/info", "var/cache/apt", "var/lib/apt/lists"):
+    for junk in (
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/locale",
+        "usr/share/info",
+        "var/cache/apt",
+        "var/lib/apt/lists",
+    ):
         shutil.rmtree(root / junk, ignore_errors=True)
 
     say(f"the runtime's Python under /var/lang, from {python}")
@@ -113,7 +128,9 @@ def build_root(root: Path, python: Path, rie: Path) -> None:
         prefix / "lib/python3.12",
         lang / "lib/python3.12",
         symlinks=True,
-        ignore=lambda folder, names: [n for n in names if Path(folder) == prefix / "lib/python3.12" and n in STDLIB_LEFT_OUT],
+        ignore=lambda folder, names: [
+            n for n in names if Path(folder) == prefix / "lib/python3.12" and n in STDLIB_LEFT_OUT
+        ],
     )
     (lang / "lib/python3.12/site-packages").mkdir()
     (root / "etc/ld.so.conf.d/var-lang.conf").write_text("/var/lang/lib\n")
@@ -152,7 +169,15 @@ def build(python: Path, rie: Path, tag: str, label: str) -> None:
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
         assert tar.stdout is not None
         try:
-            run("docker", "import", *[a for c in changes for a in ("--change", c)], "-", tag, stdin=tar.stdout, stdout=subprocess.DEVNULL)
+            run(
+                "docker",
+                "import",
+                *[a for c in changes for a in ("--change", c)],
+                "-",
+                tag,
+                stdin=tar.stdout,
+                stdout=subprocess.DEVNULL,
+            )
         finally:
             tar.stdout.close()
             if tar.wait() != 0:
@@ -179,7 +204,9 @@ def ensure(python: Path, rie: Path, tag: str = IMAGE) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", type=Path, default=Path(shutil.which("python3.12") or "python3.12"))
-    parser.add_argument("--rie", type=Path, required=True, help="the runtime interface emulator (SAM ships it)")
+    parser.add_argument(
+        "--rie", type=Path, required=True, help="the runtime interface emulator (SAM ships it)"
+    )
     parser.add_argument("--tag", default=IMAGE)
     args = parser.parse_args()
     print(ensure(args.python, args.rie, args.tag))

@@ -30,12 +30,16 @@ def server(data_dir: Path) -> Iterator[str]:
     if given:
         host = make_url(given).host or ""
         if host in ("", "localhost") or host.startswith("/"):
-            raise RuntimeError(f"DATABASE_URL must name a TCP address a container can reach, such as 127.0.0.1 (has {host!r})")
+            raise RuntimeError(
+                f"DATABASE_URL must name a TCP address a container can reach, such as 127.0.0.1 (has {host!r})"
+            )
         yield given
         return
 
-    from pgserver._commands import initdb, pg_ctl
-    from pgserver.postgres_server import POSTGRES_BIN_PATH
+    # pgserver's own building blocks (its server listens on a Unix socket only): its commands are
+    # made at import, one per binary of its PostgreSQL.
+    from pgserver import _commands
+    from pgserver._commands import POSTGRES_BIN_PATH
     from pgserver.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
 
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -53,10 +57,16 @@ def server(data_dir: Path) -> Iterator[str]:
         ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", 0o444)
         for path in (data_dir, pgdata):
             os.chown(path, entry.pw_uid, entry.pw_gid)
+    initdb, pg_ctl = _commands.initdb, _commands.pg_ctl  # type: ignore[attr-defined]
     initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=pgdata, user=user)
     port = free_port()
     options = f"-h 127.0.0.1 -p {port} -k {data_dir}"
-    pg_ctl(["-w", "-o", options, "-l", str(data_dir / "postgres.log"), "start"], pgdata=pgdata, user=user, timeout=60)
+    pg_ctl(
+        ["-w", "-o", options, "-l", str(data_dir / "postgres.log"), "start"],
+        pgdata=pgdata,
+        user=user,
+        timeout=60,
+    )
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 import socket
 import sys
 from pathlib import Path
@@ -77,7 +76,12 @@ def check_sam() -> None:
             problems.append(f"{qualified} changed (source sha256 {found}, expected {expected})")
     from docker.models.containers import ContainerCollection
 
-    if list(inspect.signature(ContainerCollection.create).parameters) != ["self", "image", "command", "kwargs"]:
+    if list(inspect.signature(ContainerCollection.create).parameters) != [
+        "self",
+        "image",
+        "command",
+        "kwargs",
+    ]:
         problems.append("docker's ContainerCollection.create(self, image, command=None, **kwargs) changed")
     if problems:
         raise SamChanged(
@@ -97,10 +101,14 @@ def host_network_create_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
     ports = dict(kwargs.pop("ports", None) or {})
     rapid = ports.pop("8080", None)
     if ports:
-        raise SystemExit(f"awslocal.sam: ports {sorted(ports)} cannot be published on the host network (debugging?)")
+        raise SystemExit(
+            f"awslocal.sam: ports {sorted(ports)} cannot be published on the host network (debugging?)"
+        )
     entrypoint = list(kwargs.get("entrypoint") or [])
     if rapid is None or not entrypoint or entrypoint[0] != RIE:
-        raise SamChanged(f"awslocal.sam: unexpected function container (ports {rapid}, entrypoint {entrypoint})")
+        raise SamChanged(
+            f"awslocal.sam: unexpected function container (ports {rapid}, entrypoint {entrypoint})"
+        )
     interface, port = rapid
     if interface != LOOPBACK:
         raise SystemExit(f"awslocal.sam: the emulator must listen on {LOOPBACK}, not {interface}")
@@ -126,7 +134,7 @@ def adapt_host_network() -> None:
             kwargs = host_network_create_arguments(kwargs)
         return original(self, image, command, **kwargs)
 
-    ContainerCollection.create = create  # type: ignore[method-assign]
+    ContainerCollection.create = create
 
 
 def layers_digest(base_image_id: str, layer_dirs: list[Path], rie: Path, architecture: str) -> str:
@@ -135,11 +143,9 @@ def layers_digest(base_image_id: str, layer_dirs: list[Path], rie: Path, archite
     h.update(hashlib.sha256(rie.read_bytes()).digest() if rie.is_file() else str(rie).encode())
     for layer in layer_dirs:
         h.update(f"\0layer\0{layer.name}\0".encode())
-        for folder, dirs, files in os.walk(layer):
-            dirs.sort()
-            for name in sorted(files):
-                stat = os.stat(os.path.join(folder, name))
-                h.update(f"{os.path.relpath(folder, layer)}/{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        for path in sorted(p for p in layer.rglob("*") if p.is_file()):
+            stat = path.stat()
+            h.update(f"{path.relative_to(layer)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return h.hexdigest()[:32]
 
 
@@ -150,7 +156,7 @@ def adapt_image_reuse() -> None:
 
     original = LambdaImage._build_image
 
-    def _build_image(
+    def _build_image(  # noqa: PLR0917  (SAM's signature)
         self: Any, base_image: str, docker_tag: str, layers: list[Any], architecture: str, stream: Any = None
     ) -> None:
         client = self.docker_client
@@ -162,7 +168,10 @@ def adapt_image_reuse() -> None:
         cached = f"{CACHE_REPOSITORY}:{owner}-{key}"
         try:
             client.images.get(cached).tag(docker_tag)
-            print(f"awslocal.sam: reusing {docker_tag} (its base, layers and emulator are unchanged)", file=sys.stderr)
+            print(
+                f"awslocal.sam: reusing {docker_tag} (its base, layers and emulator are unchanged)",
+                file=sys.stderr,
+            )
             return
         except docker.errors.ImageNotFound:
             pass
@@ -174,7 +183,7 @@ def adapt_image_reuse() -> None:
                 if tag.startswith(f"{CACHE_REPOSITORY}:{owner}-") and tag != cached:
                     client.images.remove(tag, noprune=False)
 
-    LambdaImage._build_image = _build_image  # type: ignore[method-assign]
+    LambdaImage._build_image = _build_image
 
 
 def main() -> None:

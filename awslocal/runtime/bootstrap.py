@@ -10,7 +10,7 @@ import sys
 
 task_root = os.environ.get("LAMBDA_TASK_ROOT", "/var/task")
 runtime_dir = os.environ.get("LAMBDA_RUNTIME_DIR", "/var/runtime")
-here = {os.path.realpath(p) for p in (os.path.dirname(__file__), runtime_dir)}
+here = {os.path.realpath(p) for p in (os.path.dirname(__file__), runtime_dir)}  # noqa: PTH120
 # The interpreter put this script's folder (/var/runtime) first: it goes to the end instead.
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") not in here]
 sys.path[:0] = [task_root, "/opt/python/lib/python3.12/site-packages", "/opt/python"]

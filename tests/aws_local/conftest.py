@@ -54,7 +54,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def aws_local() -> str:
     """LocalStack's endpoint; the parts scripts/aws-local and `make build` provide, checked."""
     if os.environ.get("AWS_LOCAL") != "1":
-        pytest.skip("sam local invoke and sam deploy: run `make test-aws-local` (scripts/aws-local sets AWS_LOCAL=1)")
+        pytest.skip(
+            "sam local invoke and sam deploy: run `make test-aws-local` (scripts/aws-local sets AWS_LOCAL=1)"
+        )
     problems = []
     if not BUILT_TEMPLATE.exists():
         problems.append(f"{BUILT_TEMPLATE} is missing: `make build` first")
@@ -114,8 +116,8 @@ class Invocation:
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
     found = []
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if line.startswith("{"):
             try:
                 found.append(json.loads(line))
@@ -183,7 +185,8 @@ def local_resources(aws_local: str) -> None:
     s3, sqs = client("s3"), client("sqs")
     s3.create_bucket(Bucket=LOCAL_ENV["PHOTO_BUCKET"])
     dead = sqs.create_queue(
-        QueueName=queue_name(LOCAL_ENV["DEAD_LETTER_QUEUE_URL"]), Attributes={"MessageRetentionPeriod": "1209600"}
+        QueueName=queue_name(LOCAL_ENV["DEAD_LETTER_QUEUE_URL"]),
+        Attributes={"MessageRetentionPeriod": "1209600"},
     )["QueueUrl"]
     dead_arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     sqs.create_queue(

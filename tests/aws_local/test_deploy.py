@@ -39,6 +39,8 @@ from tests.aws_local.conftest import (
 from tests.aws_local.test_sam_local import assert_published_in, register
 from tests.integration.test_template import Stack
 
+pytestmark = pytest.mark.aws_local
+
 ACCOUNT = "000000000000"  # LocalStack's
 SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:photo-db-AbCdEf"
 PARAMETERS = {"Architecture": "x86_64", "DbSecretArn": SECRET, "DbHost": "photos.proxy.internal"}
@@ -59,7 +61,9 @@ class Deployed(Stack):
         self.stack_name = stack_name
         self.physical = {
             r["LogicalResourceId"]: r["PhysicalResourceId"]
-            for r in client("cloudformation").list_stack_resources(StackName=stack_name)["StackResourceSummaries"]
+            for r in client("cloudformation").list_stack_resources(StackName=stack_name)[
+                "StackResourceSummaries"
+            ]
         }
         self.attributes: dict[tuple[str, str], str] = {}
 
@@ -129,11 +133,15 @@ def sam_deploy(stack_name: str, parameters: dict[str, str], tmp_path: Path) -> f
         "AWS_DEFAULT_REGION": REGION,
     }
     started = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900, check=False
+    )
     if done.returncode != 0:
         events = client("cloudformation").describe_stack_events(StackName=stack_name)["StackEvents"]
         failures = [
-            f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason', '')}" for e in events if "FAILED" in e["ResourceStatus"]
+            f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason', '')}"
+            for e in events
+            if "FAILED" in e["ResourceStatus"]
         ]
         pytest.fail(f"sam deploy {stack_name} failed: {failures}\n{done.stderr[-2000:]}", pytrace=False)
     return time.monotonic() - started
@@ -253,7 +261,11 @@ def test_every_resource_of_the_template_is_created(deployed: Deployed) -> None:
         else:
             assert name in created, name
     # what SAM makes of the functions' events
-    assert {"ProcessFunctionOriginals", "SweepFunctionEveryMinute", "SweepFunctionEventInvokeConfig"} <= created
+    assert {
+        "ProcessFunctionOriginals",
+        "SweepFunctionEveryMinute",
+        "SweepFunctionEventInvokeConfig",
+    } <= created
 
 
 def test_the_bucket_notifies_the_queue_of_new_originals_only(deployed: Deployed) -> None:
@@ -265,7 +277,11 @@ def test_the_bucket_notifies_the_queue_of_new_originals_only(deployed: Deployed)
     assert configuration["QueueArn"] == wanted["Queue"] == deployed.attribute("ProcessQueue", "Arn")
     assert configuration["Events"] == [wanted["Event"]]
     rules = {r["Name"].lower(): r["Value"] for r in configuration["Filter"]["Key"]["FilterRules"]}
-    assert rules == {r["Name"]: r["Value"] for r in wanted["Filter"]["S3Key"]["Rules"]} == {"prefix": f"{STAGE}/originals/"}
+    assert (
+        rules
+        == {r["Name"]: r["Value"] for r in wanted["Filter"]["S3Key"]["Rules"]}
+        == {"prefix": f"{STAGE}/originals/"}
+    )
     # and the rest of the bucket's protection
     encryption = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]
     assert encryption["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
@@ -286,7 +302,9 @@ def test_the_queues_redrive_visibility_encryption_and_policies(deployed: Deploye
     assert int(process["MessageRetentionPeriod"]) == wanted["MessageRetentionPeriod"]
     assert int(process["MaximumMessageSize"]) == wanted["MaximumMessageSize"]
     redrive = json.loads(process["RedrivePolicy"])
-    assert redrive["deadLetterTargetArn"] == dead["QueueArn"] == wanted["RedrivePolicy"]["deadLetterTargetArn"]
+    assert (
+        redrive["deadLetterTargetArn"] == dead["QueueArn"] == wanted["RedrivePolicy"]["deadLetterTargetArn"]
+    )
     assert int(redrive["maxReceiveCount"]) == wanted["RedrivePolicy"]["maxReceiveCount"]
     dead_wanted = deployed.properties("DeadLetterQueue")
     assert int(dead["MessageRetentionPeriod"]) == dead_wanted["MessageRetentionPeriod"]
@@ -297,8 +315,12 @@ def test_the_queues_redrive_visibility_encryption_and_policies(deployed: Deploye
     for attributes in (process, dead):
         assert attributes["SqsManagedSseEnabled"] == "true"
         assert "KmsMasterKeyId" not in attributes  # S3 cannot send to a queue under aws/sqs
-    assert normal_policy(process["Policy"]) == normal_policy(deployed.properties("ProcessQueuePolicy")["PolicyDocument"])
-    assert normal_policy(dead["Policy"]) == normal_policy(deployed.properties("DeadLetterQueuePolicy")["PolicyDocument"])
+    assert normal_policy(process["Policy"]) == normal_policy(
+        deployed.properties("ProcessQueuePolicy")["PolicyDocument"]
+    )
+    assert normal_policy(dead["Policy"]) == normal_policy(
+        deployed.properties("DeadLetterQueuePolicy")["PolicyDocument"]
+    )
 
 
 ALARM_FIELDS = (
@@ -331,7 +353,9 @@ def test_the_event_source_mapping_batches_reports_and_bounds_concurrency(deploye
     assert mapping["BatchSize"] == wanted["BatchSize"]
     assert mapping["MaximumBatchingWindowInSeconds"] == wanted["MaximumBatchingWindowInSeconds"]
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
-    assert mapping["ScalingConfig"]["MaximumConcurrency"] == int(wanted["ScalingConfig"]["MaximumConcurrency"])
+    assert mapping["ScalingConfig"]["MaximumConcurrency"] == int(
+        wanted["ScalingConfig"]["MaximumConcurrency"]
+    )
 
 
 def test_the_functions_runtime_settings_and_environment(deployed: Deployed) -> None:
@@ -343,18 +367,28 @@ def test_the_functions_runtime_settings_and_environment(deployed: Deployed) -> N
         assert (found["Timeout"], found["MemorySize"]) == (int(wanted["Timeout"]), int(wanted["MemorySize"]))
         assert found["Architectures"] == ["x86_64"]
         assert found["TracingConfig"]["Mode"] == "Active"
-        assert found["Role"] == wanted["Role"] == deployed.attribute(f"{name.removesuffix('Function')}Role", "Arn")
+        assert (
+            found["Role"]
+            == wanted["Role"]
+            == deployed.attribute(f"{name.removesuffix('Function')}Role", "Arn")
+        )
         layers = [layer["Arn"].split(":")[-2] for layer in found["Layers"]]
         assert layers == ["SharedLayer", "VipsLayerX8664"]
         assert found["Environment"]["Variables"] == wanted["Environment"]["Variables"], name
-        assert found["LoggingConfig"]["LogGroup"] == deployed.ref_of(f"{name.removesuffix('Function')}LogGroup")
+        assert found["LoggingConfig"]["LogGroup"] == deployed.ref_of(
+            f"{name.removesuffix('Function')}LogGroup"
+        )
 
 
 def test_the_sweep_runs_every_minute_and_is_not_retried(deployed: Deployed) -> None:
     events = client("events")
     rule = events.describe_rule(Name=deployed.ref_of("SweepFunctionEveryMinute"))
     wanted = deployed.function("SweepFunction")
-    assert rule["ScheduleExpression"] == wanted["Events"]["EveryMinute"]["Properties"]["Schedule"] == "rate(1 minute)"
+    assert (
+        rule["ScheduleExpression"]
+        == wanted["Events"]["EveryMinute"]["Properties"]["Schedule"]
+        == "rate(1 minute)"
+    )
     assert rule["State"] == "ENABLED"
     sweep = client("lambda").get_function_configuration(FunctionName=deployed.ref_of("SweepFunction"))
     (target,) = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
@@ -371,7 +405,9 @@ def test_the_roles_grant_exactly_the_template_statements(deployed: Deployed) -> 
         role = deployed.ref_of(name)
         trust = iam.get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]
         assert normal_policy(trust) == normal_policy(wanted["AssumeRolePolicyDocument"])
-        attached = {p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]}
+        attached = {
+            p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]
+        }
         assert attached == set(wanted["ManagedPolicyArns"])
         inline = iam.list_role_policies(RoleName=role)["PolicyNames"]
         assert inline == [p["PolicyName"] for p in wanted["Policies"]]

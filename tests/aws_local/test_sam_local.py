@@ -29,6 +29,8 @@ from tests.aws_local.conftest import (
     sam_local_invoke,
 )
 
+pytestmark = pytest.mark.aws_local
+
 BUCKET = LOCAL_ENV["PHOTO_BUCKET"]
 STAGE = LOCAL_ENV["STAGE"]
 
@@ -73,7 +75,9 @@ def assert_published(engine: Engine, photo_id: str, invocation: Invocation) -> N
     assert_published_in(engine, photo_id, invocation, bucket=BUCKET, stage=STAGE)
 
 
-def assert_published_in(engine: Engine, photo_id: str, invocation: Invocation, *, bucket: str, stage: str) -> None:
+def assert_published_in(
+    engine: Engine, photo_id: str, invocation: Invocation, *, bucket: str, stage: str
+) -> None:
     """The photo is ready with two variants in the bucket, one outbox event, its job done."""
     assert invocation.result == {"batchItemFailures": []}, invocation.output[-3000:]
     (line,) = invocation.lines("photo processed")
@@ -81,7 +85,9 @@ def assert_published_in(engine: Engine, photo_id: str, invocation: Invocation, *
     with Session(engine) as connection:
         photo = connection.execute(select(Photo).where(Photo.id == photo_id)).scalar_one()
         job = connection.execute(select(PhotoJob).where(PhotoJob.photo_id == photo_id)).scalar_one()
-        variants = connection.execute(select(PhotoVariant).where(PhotoVariant.photo_id == photo_id)).scalars().all()
+        variants = (
+            connection.execute(select(PhotoVariant).where(PhotoVariant.photo_id == photo_id)).scalars().all()
+        )
         events = connection.scalar(
             select(func.count()).select_from(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)
         )
@@ -103,17 +109,23 @@ def environment(database_url: str, aws_local: str, local_resources: None) -> dic
 
 
 @pytest.fixture(scope="module")
-def published(engine: Engine, environment: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Invocation]:
+def published(
+    engine: Engine, environment: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Invocation]:
     """The shipped S3 notification (a key with spaces and a plus), invoked once for the module."""
     event = EVENTS / "process-s3-notification.json"
     key = notified_key(shipped("process-s3-notification"))
     assert " " in key and "+" in key  # what the event is for: S3's form encoding, decoded once
     photo_id = register(engine, key)
     upload(key, (samples.IMAGES / "Wood.jpg").read_bytes())
-    return photo_id, sam_local_invoke("ProcessFunction", event, environment, tmp_path_factory.mktemp("invoke"))
+    return photo_id, sam_local_invoke(
+        "ProcessFunction", event, environment, tmp_path_factory.mktemp("invoke")
+    )
 
 
-def test_the_shipped_s3_notification_publishes_the_photo(engine: Engine, published: tuple[str, Invocation]) -> None:
+def test_the_shipped_s3_notification_publishes_the_photo(
+    engine: Engine, published: tuple[str, Invocation]
+) -> None:
     photo_id, invocation = published
     assert_published(engine, photo_id, invocation)
     # the function ran as Lambda's python3.12 runtime does (awslambdaric, /var/task, layers at /opt)
@@ -126,7 +138,9 @@ def test_the_shipped_job_message_answers_already(
     # GIVEN the photo the shipped events name, published by the notification
     photo_id, _ = published
     # WHEN the shipped job message for it is invoked
-    invocation = sam_local_invoke("ProcessFunction", EVENTS / "process-job-message.json", environment, tmp_path)
+    invocation = sam_local_invoke(
+        "ProcessFunction", EVENTS / "process-job-message.json", environment, tmp_path
+    )
     # THEN it answers `already`: no new event, no version bump
     assert invocation.result == {"batchItemFailures": []}
     (line,) = invocation.lines("photo processed")
@@ -143,7 +157,9 @@ def new_key(name: str) -> str:
     return f"{STAGE}/originals/albums/{uuid.uuid4()}/{uuid.uuid4()}/{name}"
 
 
-def test_a_truncated_jpeg_fails_with_its_code(engine: Engine, environment: dict[str, str], tmp_path: Path) -> None:
+def test_a_truncated_jpeg_fails_with_its_code(
+    engine: Engine, environment: dict[str, str], tmp_path: Path
+) -> None:
     # GIVEN a registered upload whose bytes stop half-way
     key = new_key("Broken upload.jpg")
     photo_id = register(engine, key)
