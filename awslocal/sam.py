@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import socket
 import sys
 from pathlib import Path
@@ -191,7 +192,8 @@ def main() -> None:
     arguments = sys.argv[1:]
     if "--docker-network" in arguments and arguments[arguments.index("--docker-network") + 1] == "host":
         adapt_host_network()
-    adapt_image_reuse()
+    if os.environ.get("AWS_LOCAL_SAM_IMAGE_REUSE", "1") != "0":  # 0: SAM's own rebuild, to compare
+        adapt_image_reuse()
     from samcli.cli.main import cli
 
     cli(args=arguments, prog_name="sam")

@@ -9,6 +9,7 @@ the database and the bucket, not only the function's answer.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.orm import Session
 
+from awslocal import sockets
 from devkit import samples
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from tests.aws_local.conftest import (
@@ -216,3 +218,60 @@ def test_the_sweep_resends_a_due_row(engine: Engine, environment: dict[str, str]
     with Session(engine) as connection:
         job = connection.execute(select(PhotoJob).where(PhotoJob.photo_id == photo_id)).scalar_one()
     assert job.status == "pending" and job.enqueued_at is not None
+
+
+def container_of(pid: int) -> str | None:
+    """The Docker container a process runs in, from its cgroup (None: not in one)."""
+    try:
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    for line in cgroups.splitlines():
+        if "/docker/" in line:
+            return line.rsplit("/docker/", 1)[1].split("/")[0][:64]
+    return None
+
+
+def test_the_function_container_is_on_the_host_network_and_listens_on_loopback_only(
+    environment: dict[str, str], tmp_path: Path
+) -> None:
+    import docker
+
+    # GIVEN a watcher of SAM's function containers and of what processes in containers listen on
+    before = sockets.listeners()
+    containers: dict[str, dict[str, Any]] = {}
+    listening: dict[sockets.Listener, str] = {}
+    stop = threading.Event()
+    engine_client = docker.from_env()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for container in engine_client.containers.list(
+                filters={"label": "sam.cli.container.type=lambda"}
+            ):
+                containers[container.id] = container.attrs
+            for listener in sockets.listeners() - before - set(listening):
+                holder = sockets.owner(listener)
+                container = container_of(holder) if holder is not None else None
+                if container is not None:
+                    listening[listener] = container
+            stop.wait(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    # WHEN a function is invoked
+    try:
+        invocation = sam_local_invoke("SweepFunction", EVENTS / "sweep-scheduled.json", environment, tmp_path)
+    finally:
+        stop.set()
+        watcher.join()
+    assert "resentPending" in invocation.result
+    # THEN its container was in the host's network, with no port published through Docker...
+    assert containers, "no function container was seen"
+    for attrs in containers.values():
+        assert attrs["HostConfig"]["NetworkMode"] == "host"
+        assert not attrs["HostConfig"].get("PortBindings")
+    # ...and what listened in it (the emulator, the Runtime API) listened on loopback alone
+    assert {container[:12] for container in listening.values()} <= {c[:12] for c in containers}
+    assert len(listening) >= 2, sorted(map(str, listening))
+    assert all(listener.loopback for listener in listening), sorted(map(str, listening))
