@@ -74,7 +74,7 @@ test-localstack: venv
 # scripts/aws-local starts (and stops) dockerd, the python3.12 base image (a stand-in built once if
 # no real one is present), LocalStack; the tests start PostgreSQL (or use DATABASE_URL).
 test-aws-local: venv tools build
-	scripts/aws-local $(BIN)/python -m pytest -q -m aws_local tests/aws_local
+	AWS_LOCAL_PYTHON312="$(PY312_BIN)/python3.12" scripts/aws-local $(BIN)/python -m pytest -q -m aws_local tests/aws_local
 
 lint: venv
 	$(BIN)/ruff check .
