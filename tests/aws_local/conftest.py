@@ -158,19 +158,18 @@ def sam_local_invoke(
 
 def function_environment(database_url: str, endpoint: str, **overrides: str) -> dict[str, str]:
     """env/local.json's variables, pointed at this run's LocalStack and PostgreSQL on loopback."""
-    sqs = client("sqs")
     values = dict(LOCAL_ENV)
     values.update(
         DATABASE_URL=database_url,
         AWS_ENDPOINT_URL=endpoint,
         AWS_ENDPOINT_URL_S3=endpoint,
         AWS_ENDPOINT_URL_SQS=endpoint,
-        PROCESS_QUEUE_URL=sqs.get_queue_url(QueueName=queue_name(LOCAL_ENV["PROCESS_QUEUE_URL"]))["QueueUrl"],
-        DEAD_LETTER_QUEUE_URL=sqs.get_queue_url(QueueName=queue_name(LOCAL_ENV["DEAD_LETTER_QUEUE_URL"]))[
-            "QueueUrl"
-        ],
         POWERTOOLS_LOG_LEVEL="INFO",
     )
+    for variable in ("PROCESS_QUEUE_URL", "DEAD_LETTER_QUEUE_URL"):
+        if variable not in overrides:  # env/local.json's queue, in this LocalStack
+            name = queue_name(LOCAL_ENV[variable])
+            values[variable] = client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
     values.update(overrides)
     return values
 

@@ -416,6 +416,23 @@ def test_the_roles_grant_exactly_the_template_statements(deployed: Deployed) -> 
             assert normal_policy(found) == normal_policy(policy["PolicyDocument"]), name
 
 
+def test_the_alarm_topic_and_the_log_groups_are_under_the_stacks_key(deployed: Deployed) -> None:
+    key_arn = deployed.attribute("StackKey", "Arn")
+    topic = client("sns").get_topic_attributes(TopicArn=deployed.ref_of("AlarmTopic"))["Attributes"]
+    assert (
+        topic["KmsMasterKeyId"]
+        == deployed.properties("AlarmTopic")["KmsMasterKeyId"]
+        == deployed.ref_of("StackKey")
+    )
+    logs = client("logs")
+    for name in ("ProcessLogGroup", "SweepLogGroup"):
+        wanted = deployed.properties(name)
+        (group,) = logs.describe_log_groups(logGroupNamePrefix=wanted["LogGroupName"])["logGroups"]
+        assert group["retentionInDays"] == wanted["RetentionInDays"] == 30
+        assert group["kmsKeyId"] == wanted["KmsKeyId"] == key_arn
+    assert client("kms").get_key_rotation_status(KeyId=deployed.ref_of("StackKey"))["KeyRotationEnabled"]
+
+
 def test_an_upload_into_the_deployed_bucket_is_published_through_the_deployed_queue(
     deployed: Deployed, engine: Engine, database_url: str, aws_local: str, tmp_path: Path
 ) -> None:
