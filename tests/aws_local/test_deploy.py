@@ -23,10 +23,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlparse
 
 import pytest
 from sqlalchemy import Engine
 
+from awslocal import sockets
 from tests.aws_local.conftest import (
     BUILT_TEMPLATE,
     REGION,
@@ -427,6 +429,19 @@ def test_the_alarm_topic_is_under_the_stacks_rotating_key(deployed: Deployed) ->
         group_name = deployed.properties(name)["LogGroupName"]
         found = logs.describe_log_groups(logGroupNamePrefix=group_name)["logGroups"]
         assert [group["logGroupName"] for group in found] == [group_name]
+
+
+def test_localstack_with_the_stacks_services_listens_on_loopback_only(
+    deployed: Deployed, aws_local: str
+) -> None:
+    # GIVEN LocalStack after the deploy: CloudFormation, Lambda, EventBridge, ... all started
+    port = urlparse(aws_local).port
+    (listener,) = [found for found in sockets.listeners() if found.port == port]
+    pid = sockets.owner(listener)
+    assert pid is not None
+    # THEN nothing its processes listen on is beyond loopback
+    everything = sockets.of_process_group(pid)
+    assert all(found.loopback for found in everything), sorted(map(str, everything))
 
 
 def test_an_upload_into_the_deployed_bucket_is_published_through_the_deployed_queue(
