@@ -7,12 +7,13 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack lint typecheck migrate bench build clean
+.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
 	@echo "make test      lint, types and every test (embedded PostgreSQL, moto's server)"
 	@echo "make test-localstack  the S3/SQS tests against a real LocalStack on the host (Python 3.13)"
+	@echo "make test-aws-local   sam local invoke in Lambda containers, sam deploy into LocalStack (Docker, root)"
 	@echo "make migrate   apply the migrations to DATABASE_URL"
 	@echo "make bench     every benchmark against its peers: figures, verdicts, cost table, plots"
 	@echo "               (installs sharp and vipsthumbnail where missing; BENCH_ROUNDS=1 BENCH_RENDERS=200: quicker)"
@@ -45,8 +46,9 @@ tools: $(TOOLS)/.installed
 demo: venv
 	$(BIN)/python -m devkit.demo
 
+# Not the tests that need Docker (marker aws_local: make test-aws-local).
 test: lint typecheck tools
-	$(BIN)/python -m pytest -q --ignore=tests/localstack
+	$(BIN)/python -m pytest -q --ignore=tests/localstack -m "not aws_local"
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
@@ -66,6 +68,13 @@ test-postgres15: venv tools
 # environment (.venv-localstack), starts it on 127.0.0.1:4566 and stops it afterwards.
 test-localstack: venv
 	scripts/localstack $(BIN)/python -m pytest -q -m localstack tests/localstack
+
+# Run it as AWS runs it (SPEC 15): the built functions under `sam local invoke` in Lambda containers
+# and the built template under `sam deploy` into LocalStack's CloudFormation, offline, on loopback.
+# scripts/aws-local starts (and stops) dockerd, the python3.12 base image (a stand-in built once if
+# no real one is present), LocalStack; the tests start PostgreSQL (or use DATABASE_URL).
+test-aws-local: venv tools build
+	AWS_LOCAL_PYTHON312="$(PY312_BIN)/python3.12" scripts/aws-local $(BIN)/python -m pytest -q -m aws_local tests/aws_local
 
 lint: venv
 	$(BIN)/ruff check .
