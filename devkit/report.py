@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import collections
 import html
 from pathlib import Path
@@ -11,17 +12,20 @@ from uuid import UUID
 from sqlalchemy import Engine, select
 
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.thumbhash import thumbhash_to_png
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2rem; background: #f6f6f4; color: #222; }
 h1 { font-size: 1.4rem; } .summary { margin-bottom: 1.5rem; }
-.photo { display: grid; grid-template-columns: 420px 1fr 320px; gap: 1rem; align-items: start;
+.photo { display: grid; grid-template-columns: 200px 420px 1fr 320px; gap: 1rem; align-items: start;
          background: #fff; border-radius: 8px; padding: 1rem; margin-bottom: 1rem; }
 .photo img { max-width: 100%; background: repeating-conic-gradient(#ddd 0 25%, #fff 0 50%) 0 0 / 16px 16px; }
 .browse img { max-height: 360px; } .thumb img { width: auto; } .failed { border-left: 6px solid #c0392b; }
 .ready { border-left: 6px solid #27ae60; } table { border-collapse: collapse; }
 td { padding: 2px 8px; vertical-align: top; } td:first-child { color: #777; }
 .missing { color: #c0392b; font-weight: 600; }
+.placeholder img { width: 200px; } .swatch { display: inline-block; width: 1em; height: 1em;
+         vertical-align: middle; border: 1px solid #0002; }
 """
 
 
@@ -63,6 +67,15 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
                 f'<img src="variants/{local.name}" alt="{kind}"><br>{kind} {variant.width}x{variant.height}, '
                 f"{variant.bytes / 1024:.0f} KiB"
             )
+        cells["placeholder"] = '<p class="missing">no placeholder</p>'
+        if photo.thumbhash:
+            # What a client shows first: the ThumbHash decoded by our own decoder, stretched.
+            local = images / f"{photo_id}-placeholder.png"
+            local.write_bytes(thumbhash_to_png(base64.b64decode(photo.thumbhash)))
+            cells["placeholder"] = (
+                f'<img src="variants/{local.name}" alt="placeholder"><br>placeholder '
+                f'<span class="swatch" style="background:{photo.average_color}"></span> {photo.average_color}'
+            )
         facts = {
             "file": name,
             "state": f"{photo.processing_state}, {photo.visibility}",
@@ -76,7 +89,8 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
         rows = "".join(f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items())
         css = "ready" if photo.processing_state == "ready" else "failed"
         sections.append(
-            f'<section class="photo {css}"><div class="browse">{cells["browse"]}</div>'
+            f'<section class="photo {css}"><div class="placeholder">{cells["placeholder"]}</div>'
+            f'<div class="browse">{cells["browse"]}</div>'
             f'<div class="thumb">{cells["thumb"]}</div><table>{rows}</table></section>'
         )
     ready = sum(1 for p in photos.values() if p.processing_state == "ready")

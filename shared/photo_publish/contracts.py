@@ -1,5 +1,11 @@
-"""The payload other services read from the outbox (SPEC 4.2): typed, validated on write and on read."""
+"""The payload other services read from the outbox (SPEC 4.2): typed, validated on write and on read.
 
+Schema version 2 (SPEC 13) adds the placeholder; the reader accepts 1 and 2.
+"""
+
+import base64
+import binascii
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,9 +46,35 @@ class PublishedVariants:
                 raise InvalidPayload(f"{kind} must be a VariantRef, got {ref!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """What a client shows before the browse image arrives: a ThumbHash (evanw/thumbhash, base64)
+    and the picture's average colour."""
+
+    thumbhash: str
+    average_color: str
+
+    def __post_init__(self) -> None:
+        try:
+            hashed = (
+                base64.b64decode(self.thumbhash, validate=True) if isinstance(self.thumbhash, str) else b""
+            )
+        except binascii.Error:
+            hashed = b""
+        # 5 header bytes (6 with alpha, or for a landscape) and at least one AC nibble pair.
+        if not 5 <= len(hashed) <= 25:
+            raise InvalidPayload(f"placeholder.thumbhash must be a base64 ThumbHash, got {self.thumbhash!r}")
+        if not isinstance(self.average_color, str) or not _COLOUR.fullmatch(self.average_color):
+            raise InvalidPayload(f"placeholder.averageColor must be #rrggbb, got {self.average_color!r}")
+
+
+_COLOUR = re.compile(r"#[0-9a-f]{6}")
+SCHEMA_VERSION: Literal[2] = 2
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PhotoPublishedPayload:
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     photo_id: UUID
     album_id: UUID
     # Post-increment: a photo starts at 1, so a published one is at least 2.
@@ -51,11 +83,17 @@ class PhotoPublishedPayload:
     width: int
     height: int
     variants: PublishedVariants
+    # Version 2 on: what to show before the browse arrives (version 1 has none).
+    placeholder: Placeholder | None = None
 
     def __post_init__(self) -> None:
-        # type(): True == 1 and 1.0 == 1, neither of which is schema version 1.
-        if type(self.schema_version) is not int or self.schema_version != 1:
-            raise InvalidPayload(f"schemaVersion must be 1, got {self.schema_version!r}")
+        # type(): True == 1 and 1.0 == 1, neither of which is a schema version.
+        if type(self.schema_version) is not int or self.schema_version not in (1, 2):
+            raise InvalidPayload(f"schemaVersion must be 1 or 2, got {self.schema_version!r}")
+        if (self.schema_version == 2) != isinstance(self.placeholder, Placeholder):
+            raise InvalidPayload(
+                f"placeholder must be a Placeholder in schema 2 and absent in 1, got {self.placeholder!r}"
+            )
         for key, value in (("photoId", self.photo_id), ("albumId", self.album_id)):
             if not isinstance(value, UUID):
                 raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
@@ -82,13 +120,31 @@ class PhotoPublishedPayload:
                 "thumb": _variant_json(self.variants.thumb),
                 "browse": _variant_json(self.variants.browse),
             },
-        }
+        } | (
+            {}
+            if self.placeholder is None
+            else {
+                "placeholder": {
+                    "thumbhash": self.placeholder.thumbhash,
+                    "averageColor": self.placeholder.average_color,
+                }
+            }
+        )
 
     @classmethod
     def from_json(cls, document: object) -> Self:
-        """A consumer's reading of `to_json`'s document: every key present, no other, each valid."""
-        members = _members(document, _PAYLOAD_KEYS, "payload")
+        """A consumer's reading of `to_json`'s document, schema 1 or 2: every key of its version
+        present, no other, each valid."""
+        version = document.get("schemaVersion") if isinstance(document, Mapping) else None
+        if isinstance(document, Mapping) and "schemaVersion" in document and version not in (1, 2):
+            raise InvalidPayload(f"schemaVersion must be 1 or 2, got {version!r}")
+        keys = _PAYLOAD_KEYS + (("placeholder",) if version == 2 else ())
+        members = _members(document, keys, "payload")
         variants = _members(members["variants"], ("thumb", "browse"), "variants")
+        placeholder = None
+        if version == 2:
+            shown = _members(members["placeholder"], ("thumbhash", "averageColor"), "placeholder")
+            placeholder = Placeholder(shown["thumbhash"], shown["averageColor"])
         return cls(
             schema_version=members["schemaVersion"],
             photo_id=_uuid("photoId", members["photoId"]),
@@ -101,6 +157,7 @@ class PhotoPublishedPayload:
                 thumb=_variant(variants["thumb"], "variants.thumb"),
                 browse=_variant(variants["browse"], "variants.browse"),
             ),
+            placeholder=placeholder,
         )
 
 

@@ -35,6 +35,7 @@ class Photo(Base):
         CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
         CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
         CheckConstraint(one_of("error_code", ERROR_CODES), name="photos_error_code_check"),
+        CheckConstraint("average_color ~ '^#[0-9a-f]{6}$'", name="photos_average_color_check"),
     )
 
     id: Mapped[UUID] = mapped_column(primary_key=True)
@@ -47,6 +48,9 @@ class Photo(Base):
     height: Mapped[int | None]
     error_code: Mapped[str | None]
     entity_version: Mapped[int] = mapped_column(server_default=text("1"))
+    # The published picture's placeholder (migration 0006): base64 ThumbHash and "#rrggbb".
+    thumbhash: Mapped[str | None]
+    average_color: Mapped[str | None]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 

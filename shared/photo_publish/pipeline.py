@@ -15,7 +15,8 @@ from typing import Protocol
 
 import pyvips
 
-from photo_publish import heic
+from photo_publish import heic, thumbhash
+from photo_publish.contracts import Placeholder
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import VariantKind
 
@@ -71,12 +72,13 @@ class RenderedVariant:
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """The original's displayed size (orientation applied) and its variants."""
+    """The original's displayed size (orientation applied), its variants and its placeholder."""
 
     width: int
     height: int
     loader: str
     variants: tuple[RenderedVariant, ...]
+    placeholder: Placeholder
 
 
 class _StreamSource:
@@ -227,6 +229,9 @@ def render(original: Readable, options: RenderOptions) -> Rendered:
             )
             for kind, image in images
         )
+        # From the browse already in memory: no second decode, and it is the displayed picture
+        # (upright, sRGB, alpha kept).
+        shown = thumbhash.placeholder(browse)
     except pyvips.Error as error:
         raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None
-    return Rendered(width=width, height=height, loader=loader, variants=variants)
+    return Rendered(width=width, height=height, loader=loader, variants=variants, placeholder=shown)

@@ -20,7 +20,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
-from photo_publish.contracts import PHOTO_PUBLISHED, PhotoPublishedPayload, PublishedVariants, VariantRef
+from photo_publish.contracts import (
+    PHOTO_PUBLISHED,
+    PhotoPublishedPayload,
+    Placeholder,
+    PublishedVariants,
+    VariantRef,
+)
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import Upload
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
@@ -218,6 +224,7 @@ class PhotoRepository:
         height: int,
         variants: Sequence[StoredVariant],
         variant_version: int,
+        placeholder: Placeholder,
     ) -> PublishResult:
         """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing.
 
@@ -240,6 +247,8 @@ class PhotoRepository:
                     height=height,
                     error_code=None,
                     entity_version=Photo.entity_version + 1,
+                    thumbhash=placeholder.thumbhash,
+                    average_color=placeholder.average_color,
                     updated_at=func.now(),
                 )
                 .returning(Photo.album_id, Photo.entity_version, Photo.published_at)
@@ -296,6 +305,7 @@ class PhotoRepository:
                 width=width,
                 height=height,
                 variants=PublishedVariants(**refs),
+                placeholder=placeholder,
             )
             session.add(
                 OutboxEvent(

@@ -211,6 +211,7 @@ class PhotoService:
             height=rendered.height,
             variants=stored,
             variant_version=settings.variant_version,
+            placeholder=rendered.placeholder,
         )
         steps = Steps(
             claim_seconds, rendered_at - started, stored_at - rendered_at, time.perf_counter() - stored_at

@@ -20,9 +20,11 @@ import math
 import struct
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import pyvips
+
+from photo_publish.contracts import Placeholder
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,13 +33,6 @@ if TYPE_CHECKING:
     Floats = npt.NDArray[np.float64]
 
 MAX_SIZE = 100  # the reference refuses larger input: slower, and no better
-
-
-class Placeholder(NamedTuple):
-    """What a client shows before the browse image arrives."""
-
-    thumbhash: str  # base64 of the hash bytes
-    average_color: str  # "#rrggbb"
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,3 +43,6 @@ def test_the_demo_publishes_every_good_photo_and_reports_it(tmp_path: Path) -> N
     page = (tmp_path / "report.html").read_text()
     assert page.count('<section class="photo') == 14
     assert len(list((tmp_path / "variants").glob("*.webp"))) == 26
+    # AND each published photo's placeholder beside it (its ThumbHash decoded, its average colour)
+    assert len(list((tmp_path / "variants").glob("*-placeholder.png"))) == 13
+    assert page.count('<span class="swatch" style="background:#') == 13

@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from devkit import stack
+from photo_publish.contracts import Placeholder
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
 from photo_publish.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
@@ -45,6 +46,7 @@ def set_job(db: Engine, photo_id: uuid.UUID, **values: object) -> None:
         connection.execute(update(PhotoJob).where(PhotoJob.photo_id == photo_id).values(**values))
 
 
+PLACEHOLDER = Placeholder("1QcSHQRnh493V4dIh4eXh1h4kJUI", "#7d6a4f")
 VARIANTS = [
     StoredVariant("thumb", "k/thumb.webp", 400, 250, 1000, "image/webp"),
     StoredVariant("browse", "k/browse.webp", 2048, 1280, 9000, "image/webp"),
@@ -251,7 +253,9 @@ def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
 
     # WHEN the slow worker finishes rendering: may it write its variants, may it publish?
     holds = repository.holds(photo_id, 1)
-    result = repository.publish(photo_id, 1, width=2560, height=1600, variants=VARIANTS, variant_version=1)
+    result = repository.publish(
+        photo_id, 1, width=2560, height=1600, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
+    )
 
     # THEN neither: it is fenced out, and the photo, its variants, events and job are untouched
     assert (holds, result.outcome) == (False, "superseded")
@@ -264,7 +268,7 @@ def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
     # AND the owner publishes, once
     assert repository.holds(photo_id, 2)
     assert repository.publish(
-        photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1
+        photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
     ).outcome == ("published")
     assert job(db, photo_id)[:2] == ("done", 2)
     assert not repository.holds(photo_id, 2)
@@ -274,7 +278,9 @@ def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None
     # GIVEN a published photo whose job is active again (an operator's retry raced the publish)
     repository, photo_id = PhotoRepository(db), new_photo(db)
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
-    repository.publish(photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1)
+    repository.publish(
+        photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
+    )
     set_job(db, photo_id, status="active", attempt=2)
 
     # WHEN its worker asks whether it may write the variants
@@ -285,7 +291,9 @@ def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None
 def test_a_failure_never_downgrades_a_published_photo(db: Engine) -> None:
     repository, photo_id = PhotoRepository(db), new_photo(db)
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
-    repository.publish(photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1)
+    repository.publish(
+        photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
+    )
     set_job(db, photo_id, status="active", attempt=3)
 
     assert repository.fail(photo_id, 3, ErrorCode.DECODE_FAILED)
@@ -312,7 +320,9 @@ def test_publishing_a_deleted_photo_is_skipped(db: Engine) -> None:
     with db.begin() as connection:
         connection.execute(text("DELETE FROM photos WHERE id = :id"), {"id": photo_id})
 
-    result = repository.publish(photo_id, 1, width=1, height=1, variants=VARIANTS, variant_version=1)
+    result = repository.publish(
+        photo_id, 1, width=1, height=1, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
+    )
 
     assert result.outcome == "skipped"
 

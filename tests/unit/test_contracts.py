@@ -10,13 +10,21 @@ from uuid import UUID
 
 import pytest
 
-from photo_publish.contracts import InvalidPayload, PhotoPublishedPayload, PublishedVariants, VariantRef
+from photo_publish.contracts import (
+    InvalidPayload,
+    PhotoPublishedPayload,
+    Placeholder,
+    PublishedVariants,
+    VariantRef,
+)
 from photo_publish.errors import ErrorCode, PhotoError
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")
 PUBLISHED_AT = datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)
 VARIANTS = f"dev/albums/{ALBUM_ID}/variants/{PHOTO_ID}/1"
+# A ThumbHash of evanw/thumbhash's own examples, and an average colour.
+PLACEHOLDER = Placeholder("1QcSHQRnh493V4dIh4eXh1h4kJUI", "#7d6a4f")
 
 
 def variant(kind: str, **overrides: Any) -> dict[str, Any]:
@@ -42,8 +50,11 @@ def payload(**overrides: Any) -> PhotoPublishedPayload:
         "width": 4000,
         "height": 2500,
         "variants": {"thumb": variant("thumb"), "browse": variant("browse", width=2048, height=1280)},
+        "placeholder": PLACEHOLDER,
     }
     fields |= overrides
+    if isinstance(fields["placeholder"], tuple):  # (thumbhash, averageColor), built here to be refused
+        fields["placeholder"] = Placeholder(*fields["placeholder"])
     refs = {kind: VariantRef(**ref) for kind, ref in fields.pop("variants").items()}
     return PhotoPublishedPayload(**fields, variants=PublishedVariants(**refs))
 
@@ -53,9 +64,9 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
     # WHEN it is turned into the outbox's JSON
     document = payload().to_json()
 
-    # THEN it has exactly SPEC 4.2's keys, camelCase, ids as strings
+    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder), camelCase, ids as strings
     assert document == {
-        "schemaVersion": 1,
+        "schemaVersion": 2,
         "photoId": str(PHOTO_ID),
         "albumId": str(ALBUM_ID),
         "entityVersion": 2,
@@ -78,6 +89,7 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
                 "contentType": "image/webp",
             },
         },
+        "placeholder": {"thumbhash": "1QcSHQRnh493V4dIh4eXh1h4kJUI", "averageColor": "#7d6a4f"},
     }
 
 
@@ -126,8 +138,25 @@ THUMB = variant("thumb")
             "publishedAt must carry a time zone",
             id="naive-datetime",
         ),
-        pytest.param({"schema_version": 2}, "schemaVersion must be 1", id="unknown-schema-version"),
-        pytest.param({"schema_version": True}, "schemaVersion must be 1", id="schema-version-true"),
+        pytest.param({"schema_version": 3}, "schemaVersion must be 1 or 2", id="unknown-schema-version"),
+        pytest.param({"schema_version": True}, "schemaVersion must be 1 or 2", id="schema-version-true"),
+        pytest.param({"placeholder": None}, "placeholder must be a Placeholder in schema 2", id="v2-without"),
+        pytest.param({"schema_version": 1}, "placeholder must be a Placeholder in schema 2", id="v1-with"),
+        pytest.param(
+            {"placeholder": ("not base64!", "#000000")},
+            "placeholder.thumbhash must be a base64 ThumbHash",
+            id="thumbhash-not-base64",
+        ),
+        pytest.param(
+            {"placeholder": ("AAAA", "#000000")},
+            "placeholder.thumbhash must be a base64 ThumbHash",
+            id="thumbhash-too-short",
+        ),
+        pytest.param(
+            {"placeholder": ("1QcSHQRnh493V4dIh4eXh1h4kJUI", "#FFF")},
+            "placeholder.averageColor must be #rrggbb",
+            id="colour-short-upper",
+        ),
         pytest.param({"width": 0}, "width must be an integer of at least 1", id="zero-width"),
         pytest.param({"height": -1}, "height must be an integer of at least 1", id="negative-height"),
         pytest.param({"width": 4000.0}, "width must be an integer", id="float-width"),
@@ -232,7 +261,22 @@ BROWSE = document()["variants"]["browse"]
             id="variant-bytes-as-text",
         ),
         pytest.param(document(variants=[BROWSE, BROWSE]), "variants must be an object", id="variants-a-list"),
-        pytest.param(document(schemaVersion=2), "schemaVersion must be 1, got 2$", id="schema-version-2"),
+        pytest.param(
+            document(schemaVersion=3), "schemaVersion must be 1 or 2, got 3$", id="schema-version-3"
+        ),
+        pytest.param(
+            document(schemaVersion=1), "payload has unknown keys 'placeholder'$", id="v1-with-placeholder"
+        ),
+        pytest.param(
+            document(placeholder={"thumbhash": PLACEHOLDER.thumbhash}),
+            "placeholder lacks averageColor$",
+            id="placeholder-without-colour",
+        ),
+        pytest.param(
+            document(placeholder={"thumbhash": PLACEHOLDER.thumbhash, "averageColor": "red"}),
+            "placeholder.averageColor must be #rrggbb",
+            id="placeholder-colour-by-name",
+        ),
         pytest.param(
             document(entityVersion=1), "entityVersion must be an integer of at least 2", id="version-1"
         ),
@@ -259,6 +303,18 @@ def test_a_consumer_refuses_a_document_that_breaks_the_contract(changed: Any, er
     # THEN it is refused, naming where
     with pytest.raises(InvalidPayload, match=f"^{error}"):
         PhotoPublishedPayload.from_json(changed)
+
+
+def test_a_consumer_reads_schema_version_1_documents_too() -> None:
+    # GIVEN a document written before placeholders (schema version 1: no placeholder key)
+    old = without(document(schemaVersion=1), "placeholder")
+
+    # WHEN a consumer reads it
+    read = PhotoPublishedPayload.from_json(old)
+
+    # THEN it is that version's payload, with no placeholder, and it writes back the same document
+    assert (read.schema_version, read.placeholder) == (1, None)
+    assert read.to_json() == old
 
 
 @pytest.mark.parametrize("changed", [None, [], "payload"], ids=["null", "list", "text"])

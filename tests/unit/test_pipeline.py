@@ -7,6 +7,7 @@ Lanczos downsizing of the same photo by about 1.9, so tolerances sit a little ab
 
 from __future__ import annotations
 
+import base64
 import io
 import struct
 import time
@@ -19,6 +20,7 @@ from devkit import samples
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.storage import OriginalStream
+from photo_publish.thumbhash import thumbhash_to_rgba
 from tests.readers import FailingReader, webp_chunks
 
 UPRIGHT_NAME = "LadyBird.jpg"
@@ -486,3 +488,39 @@ def test_the_thumb_is_the_browse_downsized(upright_rendered: Rendered, upright_b
     assert (thumb.width, thumb.height) == (400, 250)
     assert (expected.width, expected.height) == (400, 250)
     assert mean_difference(thumb, expected) < 3
+
+
+def test_the_placeholder_is_the_displayed_pictures_thumbhash_and_average_colour(
+    upright_rendered: Rendered, upright: pyvips.Image
+) -> None:
+    # GIVEN the photograph rendered (its browse decoded once, upright, sRGB)
+    shown = upright_rendered.placeholder
+
+    # WHEN its ThumbHash is decoded back into a small picture
+    small = thumbhash_to_rgba(base64.b64decode(shown.thumbhash))
+    picture = pyvips.Image.new_from_memory(small.rgba, small.width, small.height, 4, "uchar")[:3]
+
+    # THEN it is the photograph's shape (as near as a ThumbHash keeps it), and looks like it: in 4 x 4
+    # blocks (a placeholder is a blur), 10 of 255 from the photograph, 57 to 110 from the others
+    assert small.width / small.height == pytest.approx(upright.width / upright.height, rel=0.15)
+
+    def blocks(image: pyvips.Image) -> pyvips.Image:
+        return image.thumbnail_image(4, height=4, size="force")
+
+    assert mean_difference(blocks(picture), blocks(upright)) < 20
+    # AND the average colour is the photograph's own mean colour
+    mean = [round(upright[band].avg()) for band in range(3)]
+    colour = [int(shown.average_color[i : i + 2], 16) for i in (1, 3, 5)]
+    assert max(abs(a - b) for a, b in zip(colour, mean, strict=True)) <= 3
+
+
+def test_a_transparent_png_keeps_its_alpha_in_the_placeholder(alpha_png: bytes) -> None:
+    # GIVEN a PNG with transparency
+    rendered = render_bytes(alpha_png)
+
+    # WHEN its placeholder is decoded
+    small = thumbhash_to_rgba(base64.b64decode(rendered.placeholder.thumbhash))
+
+    # THEN some of it is transparent, as the picture is
+    alphas = small.rgba[3::4]
+    assert min(alphas) < 128 < max(alphas)
