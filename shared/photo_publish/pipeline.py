@@ -6,16 +6,24 @@ thumb is made from that small image, so nothing reads the stream a second time.
 HEVC-coded HEIF (phone photos) is the one exception to streaming: libvips reads its header, but
 pi-heif decodes its pixels from the whole file in memory (see heic.py); from the decoded picture on,
 it is the same pipeline.
+
+Bounded whatever the file declares (SPEC 3): every limit is checked on the header, before a pixel is
+decoded, and the render stops at its deadline inside libvips. Measured over benchmarks/hostile.py's
+corpus, the limits' defaults hold every input under 400 MB and 10 s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pyvips
 
-from photo_publish import heic
+from photo_publish import frames, heic
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import VariantKind
 
@@ -34,9 +42,24 @@ ALLOWED_LOADERS = frozenset(
 _PLAIN = frozenset({"srgb", "b-w", "rgb16", "grey16"})
 # EXIF orientations 5-8 turn the picture a quarter: the displayed size swaps width and height.
 _TRANSPOSING = frozenset({5, 6, 7, 8})
-# The one loader whose files may need their bytes again after the header (for pi-heif).
 _HEIF = "heifload_source"
+# Loaders that hold the whole file in memory anyway (they seek in it), so the pipeline reads it whole
+# first: to cut an animation or a multi-page file to its first frame (frames.py), and to hand a HEIF
+# to pi-heif. JPEG and PNG stream.
+_WHOLE_FILE = frozenset({"gifload_source", "tiffload_source", "webpload_source", _HEIF})
 _CHUNK = 1 << 20
+_SAMPLE_BYTES = {
+    "uchar": 1,
+    "char": 1,
+    "ushort": 2,
+    "short": 2,
+    "uint": 4,
+    "int": 4,
+    "float": 4,
+    "complex": 8,
+    "double": 8,
+    "dpcomplex": 16,
+}
 
 # Untrusted loaders (matload, magick, ...) are not for user uploads.
 pyvips.block_untrusted_set(True)
@@ -56,7 +79,21 @@ class RenderOptions:
     # WebP effort 2, not libvips' 4: the browse's encode is over half the render, and 2 takes 26% off
     # it for +1.7% bytes and -0.004 SSIM (benchmarks/compare.py's corpus).
     effort: int = 2
+    # Limits (SPEC 3), each checked on the header; see benchmarks/hostile.py for what they bound.
     max_input_pixels: int = 100_000_000
+    # Per axis. Rows are time (libpng decodes one at a time: 50,000,000 rows took 9.5 s) and columns
+    # memory; 30000-wide panoramas pass.
+    max_input_dimension: int = 32_768
+    # Width x bands x bytes per sample. A format that cannot shrink on load (PNG, TIFF) has libvips
+    # hold hundreds of whole rows while it shrinks: a 16-bit RGBA row of 32768 pixels (256 KiB)
+    # peaked at 402 MB, a 16-bit RGB one (192 KiB) at about 300 MB.
+    max_input_row_bytes: int = 196_608
+    # Width x height x bands x bytes per sample of a picture its decoder holds whole: HEIF, GIF,
+    # progressive JPEG (2 bytes per DCT coefficient), interlaced PNG. About 1.2 to 1.6 times this in
+    # memory at the peak; 48 and 50 MP 8-bit phone HEICs (146 and 150 MB) pass.
+    max_whole_decode_bytes: int = 160_000_000
+    # The render's own deadline: past it, the file is at fault (RENDER_TIME_EXCEEDED, permanent).
+    render_timeout_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +122,10 @@ class _StreamSource:
     libvips sees a failed read only as an early end of file; the error that caused it (a storage
     fault, the byte limit) is what the caller must hear about.
 
-    It also keeps what it reads, until told to keep nothing: an HEVC HEIF is known as one only from
-    its header, after libvips has read from the forward-only stream, and pi-heif then needs the
-    whole file. Kept bytes plus the rest of the stream are that file, read once. Every other format
-    stops keeping after the few bytes that libvips sniffs (an AVIF, after its header).
+    It also keeps what it reads, until told to keep nothing: whether the file is wanted whole is
+    known only from libvips' sniffing of its first bytes, read from the forward-only stream. Kept
+    bytes plus the rest of the stream are that file, read once. Every other format stops keeping
+    after those few bytes.
     """
 
     def __init__(self, stream: Readable) -> None:
@@ -116,7 +153,7 @@ class _StreamSource:
     def keep_nothing(self) -> None:
         self._kept = None
 
-    def read_all(self) -> bytes:
+    def read_all(self) -> bytearray:
         """The whole original: what libvips has read so far, then the rest of the stream."""
         if self._kept is None:
             raise RuntimeError("the bytes read so far were not kept")
@@ -124,11 +161,103 @@ class _StreamSource:
             pass
         if self.error is not None:
             raise self.error
-        data, self._kept = bytes(self._kept), None
+        data, self._kept = self._kept, None
         return data
 
     def fail(self, code: ErrorCode, error: pyvips.Error) -> PhotoError:
         return self.error or PhotoError(code, f"{error.message} {error.detail}".strip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Deadline:
+    """When the render must stop, and what stopping then means.
+
+    Two deadlines, the earlier one wins: the render's own limit (the file's fault, permanent) and
+    the invocation's time left (the moment's, transient: another attempt may have the time).
+    """
+
+    at: float  # time.monotonic()
+    code: ErrorCode
+
+    @classmethod
+    def starting_now(cls, timeout: float, time_budget: float) -> _Deadline:
+        now = time.monotonic()
+        if time_budget < timeout:
+            return cls(now + time_budget, ErrorCode.TIME_BUDGET_EXCEEDED)
+        return cls(now + timeout, ErrorCode.RENDER_TIME_EXCEEDED)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def check(self, step: str) -> None:
+        if self.passed():
+            raise PhotoError(self.code, f"deadline passed {step}")
+
+    @contextmanager
+    def watching(self, image: pyvips.Image, step: str) -> Iterator[None]:
+        """Within the block, libvips stops evaluating `image` once the deadline has passed.
+
+        libvips signals an evaluation's progress after each piece of work; the deadline is checked
+        there and the evaluation killed. A single piece (one tile of a decoder) is not interrupted.
+        """
+
+        def on_eval(evaluated: pyvips.Image, _progress: object) -> None:
+            if self.passed():
+                evaluated.set_kill(True)
+
+        image.set_progress(True)
+        image.signal_connect("eval", on_eval)
+        try:
+            yield
+        except pyvips.Error:
+            # Killed by on_eval, or failed on its own after the deadline: either way, out of time.
+            self.check(step)
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """What a file declares, as read before any pixel: its size and its samples."""
+
+    width: int
+    height: int  # of the first page
+    bands: int
+    sample_bytes: int
+    # Bytes per sample that its decoder holds for the whole picture at once; 0: decoded row by row.
+    whole_sample_bytes: int = 0
+
+    @classmethod
+    def of(cls, image: pyvips.Image, loader: str) -> _Header:
+        interlaced = "interlaced" in image.get_fields() and bool(image.get("interlaced"))
+        sample_bytes = _SAMPLE_BYTES.get(str(image.format), 8)
+        whole = 0
+        if loader == "jpegload_source" and interlaced:
+            whole = 2  # a progressive JPEG's DCT coefficients, kept until its last scan
+        elif loader in ("gifload_source", _HEIF) or (loader == "pngload_source" and interlaced):
+            whole = sample_bytes
+        return cls(image.width, image.get_page_height(), image.bands, sample_bytes, whole)
+
+    def whole_bytes(self) -> int:
+        return self.width * self.height * self.bands * self.whole_sample_bytes
+
+    def check(self, options: RenderOptions) -> None:
+        """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED)."""
+        size = f"{self.width}x{self.height}"
+        if self.width * self.height > options.max_input_pixels:
+            raise _exceeded(f"{size} exceeds {options.max_input_pixels} pixels")
+        if max(self.width, self.height) > options.max_input_dimension:
+            raise _exceeded(f"{size} exceeds {options.max_input_dimension} pixels a side")
+        row = self.width * self.bands * self.sample_bytes
+        if row > options.max_input_row_bytes:
+            raise _exceeded(f"{size}: a row of {row} bytes exceeds {options.max_input_row_bytes}")
+        if self.whole_bytes() > options.max_whole_decode_bytes:
+            raise _exceeded(
+                f"{size} decoded whole: {self.whole_bytes()} bytes exceeds {options.max_whole_decode_bytes}"
+            )
+
+
+def _exceeded(detail: str) -> PhotoError:
+    return PhotoError(ErrorCode.DIMENSIONS_EXCEEDED, detail)
 
 
 def _loader(stream: _StreamSource) -> str:
@@ -157,14 +286,17 @@ def _fit(options: RenderOptions, convert: bool) -> dict[str, object]:
     }
 
 
-def _browse(stream: _StreamSource, options: RenderOptions, convert: bool) -> pyvips.Image:
-    """libvips decodes the stream once, shrinking on load to the browse size."""
+def _browse(
+    stream: _StreamSource, source: pyvips.Source, options: RenderOptions, convert: bool, deadline: _Deadline
+) -> pyvips.Image:
+    """libvips decodes the original once, shrinking on load to the browse size."""
     try:
         browse = pyvips.Image.thumbnail_source(
-            stream.source, options.browse_size, option_string="fail_on=truncated", **_fit(options, convert)
+            source, options.browse_size, option_string="fail_on=truncated", **_fit(options, convert)
         )
         # Sequential access reads the stream once: materialise the small image before using it twice.
-        browse = browse.copy_memory()
+        with deadline.watching(browse, "decoding"):
+            browse = browse.copy_memory()
     except pyvips.Error as error:
         raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
     if stream.error is not None:
@@ -173,60 +305,88 @@ def _browse(stream: _StreamSource, options: RenderOptions, convert: bool) -> pyv
     return browse
 
 
-def _hevc_browse(stream: _StreamSource, options: RenderOptions) -> pyvips.Image:
+def _hevc_browse(
+    data: bytearray, options: RenderOptions, eight_bit: bool, deadline: _Deadline
+) -> pyvips.Image:
     """pi-heif decodes the whole picture (HEVC has no shrink-on-load); libvips shrinks it."""
-    with heic.decoded(stream.read_all()) as picture:
+    with heic.decoded(data, eight_bit=eight_bit) as picture:
+        deadline.check("after decoding")
         try:
             browse = picture.thumbnail_image(options.browse_size, **_fit(options, _converts(picture)))
-            return browse.copy_memory()
+            with deadline.watching(browse, "shrinking"):
+                return browse.copy_memory()
         except pyvips.Error as error:
             raise PhotoError(ErrorCode.DECODE_FAILED, f"{error.message} {error.detail}".strip()) from None
 
 
-def render(original: Readable, options: RenderOptions) -> Rendered:
-    """Render `thumb` and `browse` WebP variants from a stream of the original."""
+def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
+    """Render `thumb` and `browse` WebP variants from a stream of the original.
+
+    `time_budget`: the seconds the caller can still give (an invocation's time left); the render
+    stops at that or at `options.render_timeout_seconds`, whichever comes first, with
+    TIME_BUDGET_EXCEEDED (transient) or RENDER_TIME_EXCEEDED (permanent) respectively.
+    """
+    deadline = _Deadline.starting_now(options.render_timeout_seconds, time_budget)
     stream = _StreamSource(original)
     loader = _loader(stream)
-    if loader != _HEIF:
+    source: pyvips.Source = stream.source
+    data = bytearray()
+    if loader in _WHOLE_FILE:
+        data = stream.read_all()
+        frames.first_frame(loader, data)
+        source = pyvips.Source.new_from_memory(data)
+    else:
         stream.keep_nothing()
+    deadline.check("after reading")
+
     try:
-        header = pyvips.Image.new_from_source(stream.source, "", access="sequential")
+        header_image = pyvips.Image.new_from_source(source, "", access="sequential")
     except pyvips.Error as error:
         raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
-
-    # A decompression bomb is refused on what its header declares, before any pixel is decoded.
-    width, height = header.width, header.get_page_height()
-    if width * height > options.max_input_pixels:
-        raise PhotoError(
-            ErrorCode.DIMENSIONS_EXCEEDED, f"{width}x{height} exceeds {options.max_input_pixels} pixels"
-        )
-    fields = set(header.get_fields())
-    # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
-    if "orientation" in fields and header.get("orientation") in _TRANSPOSING:
-        width, height = height, width
+    header = _Header.of(header_image, loader)
+    fields = set(header_image.get_fields())
 
     # Routed by the coding libvips' header names, not by the file's brand: HEVC has no decoder in
     # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips.
-    if heic.COMPRESSION_FIELD in fields and header.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION:
-        browse, loader = _hevc_browse(stream, options), heic.DECODER
+    hevc = heic.COMPRESSION_FIELD in fields and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
+    # A deep (10 or 12-bit) HEVC picture over the whole-decode limit is decoded at 8 bits by libheif
+    # where that fits: a phone's 48 MP HDR photo renders, a little darker (libheif truncates).
+    eight_bit = hevc and header.sample_bytes > 1 and header.whole_bytes() > options.max_whole_decode_bytes
+    if eight_bit:
+        header = replace(header, whole_sample_bytes=1)
+    # Bombs of every shape are refused on what the header declares, before any pixel is decoded.
+    header.check(options)
+
+    width, height = header.width, header.height
+    # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
+    if (
+        header_image is not None
+        and "orientation" in fields
+        and header_image.get("orientation") in _TRANSPOSING
+    ):
+        width, height = height, width
+
+    if hevc:
+        browse, loader = _hevc_browse(data, options, eight_bit, deadline), heic.DECODER
     else:
-        stream.keep_nothing()
-        browse = _browse(stream, options, _converts(header))
+        browse = _browse(stream, source, options, _converts(header_image), deadline)
     if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
         browse = browse.colourspace("srgb").cast("uchar")
 
     try:
         thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")
         images: tuple[tuple[VariantKind, pyvips.Image], ...] = (("thumb", thumb), ("browse", browse))
-        variants = tuple(
-            RenderedVariant(
-                kind=kind,
-                data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
-                width=image.width,
-                height=image.height,
+        variants = []
+        for kind, image in images:
+            deadline.check(f"before encoding the {kind}")
+            variants.append(
+                RenderedVariant(
+                    kind=kind,
+                    data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
+                    width=image.width,
+                    height=image.height,
+                )
             )
-            for kind, image in images
-        )
     except pyvips.Error as error:
         raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None
-    return Rendered(width=width, height=height, loader=loader, variants=variants)
+    return Rendered(width=width, height=height, loader=loader, variants=tuple(variants))

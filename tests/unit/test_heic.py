@@ -20,11 +20,12 @@ import pytest
 import pyvips
 from PIL import Image
 
-from devkit import samples
+from devkit import hostile, samples
 from photo_publish import heic
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.storage import OriginalStream
+from tests import capped
 from tests.readers import FailingReader, webp_chunks
 
 UPRIGHT_NAME = "LadyBird.jpg"
@@ -135,9 +136,9 @@ def decoder_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     calls: list[int] = []
     real = heic.decoded
 
-    def counting(data: bytes) -> object:
+    def counting(data: bytes, **options: bool) -> object:
         calls.append(len(data))
-        return real(data)
+        return real(data, **options)
 
     monkeypatch.setattr(heic, "decoded", counting)
     yield calls
@@ -401,3 +402,69 @@ def test_the_pipeline_imports_pi_heif_only_when_a_heic_arrives() -> None:
 
     # THEN pi-heif (25 ms and Pillow) was imported for the HEIC only, not at cold start
     assert result.returncode == 0, result.stderr
+
+
+# --- Files libvips' libheif refuses to read, and files too large to decode whole (SPEC 3) -------------
+
+
+def libvips_reads(data: bytes) -> bool:
+    try:
+        header(data)
+    except pyvips.Error:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("tile_size", [1024], ids=["read-by-libvips"])
+def test_a_heic_too_large_to_decode_whole_is_refused_from_its_header(
+    upright: pyvips.Image, tile_size: int
+) -> None:
+    # GIVEN a HEIC of 9000 x 9000 pixels (81 MP, under the pixel limit), whose decode would hold about
+    # 4.5 bytes a pixel at once, 370 MB: in 9 x 9 tiles of 1024 (83 items, read by libvips), or in
+    # 18 x 18 tiles of 512 (325 items, over what libvips reads)
+    one = hostile.coded_picture(samples.heic(upright.crop(0, 0, tile_size, tile_size), tile_size=0))
+    across = -(-9000 // tile_size)
+    data = hostile.heif(hostile.Grid(one, across, across, (9000, 9000)))
+    assert libvips_reads(data) is (tile_size == 1024)
+
+    # WHEN it is rendered (in a child process under a memory cap)
+    outcome = capped.render(data)
+
+    # THEN it is refused for its dimensions
+    assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+
+
+@pytest.fixture
+def decode_options(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, bool]]]:
+    """The options each call to pi-heif's decode was given (the real decoder, only watched)."""
+    calls: list[dict[str, bool]] = []
+    real = heic.decoded
+
+    def watching(data: bytes, **options: bool) -> object:
+        calls.append(options)
+        return real(data, **options)
+
+    monkeypatch.setattr(heic, "decoded", watching)
+    yield calls
+
+
+def test_a_deep_heic_too_large_for_16_bits_is_decoded_at_8(
+    upright: pyvips.Image, decode_options: list[dict[str, bool]]
+) -> None:
+    # GIVEN a 10-bit HEIC, and a whole-decode limit between its 8-bit and its 16-bit size, as a
+    # phone's 48 MP HDR photo is against the default limit
+    data = samples.heic(upright, profile="p3", bits=10)
+    eight_bit_bytes = UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1] * 3
+    options = RenderOptions(max_whole_decode_bytes=eight_bit_bytes * 3 // 2)
+
+    # WHEN it is rendered
+    rendered = render_bytes(data, options)
+
+    # THEN libheif reduced it to 8 bits (half the memory), and it is the photograph (measured 1.9)
+    assert decode_options == [{"eight_bit": True}]
+    assert mean_difference(decoded(rendered, "browse"), upright.thumbnail_image(BROWSE_SIZE[0])) < TOLERANCE
+    # AND with a limit under even its 8-bit size, it is refused before decoding
+    with pytest.raises(PhotoError) as raised:
+        render_bytes(data, RenderOptions(max_whole_decode_bytes=eight_bit_bytes - 1))
+    assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
+    assert len(decode_options) == 1
