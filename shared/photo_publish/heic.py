@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pyvips
 
@@ -24,6 +25,34 @@ DECODER = "pi_heif"
 # an unsupported feature (SyntaxError), any other libheif error (RuntimeError), and libheif's
 # refusals to allocate, its security limits among them (OSError). Each is the file's fault.
 _DECODE_ERRORS = (ValueError, EOFError, SyntaxError, RuntimeError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What a HEIF's primary image declares, read by pi-heif without decoding it."""
+
+    width: int
+    height: int
+    bands: int
+    sample_bytes: int  # 2 for 10 and 12-bit pictures
+
+
+def header(data: bytes | bytearray) -> Declared:
+    """The primary image's size and samples, as pi-heif's libheif reads them (no pixel decoded).
+
+    libvips' own libheif refuses HEIFs of more than 256 items (grid tiles, auxiliary images,
+    metadata); pi-heif's allows libheif's default of 1000, so it reads the files libvips refuses.
+    """
+    import pi_heif
+
+    try:
+        heif = pi_heif.open_heif(data, convert_hdr_to_8bit=False)
+        width, height = heif.size
+        mode = str(heif.mode)
+    except _DECODE_ERRORS as error:
+        raise PhotoError(ErrorCode.DECODE_FAILED, repr(error)) from None
+    channels, _, depth = mode.partition(";")
+    return Declared(width, height, len(channels), 2 if depth else 1)
 
 
 @contextmanager

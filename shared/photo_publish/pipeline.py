@@ -319,6 +319,25 @@ def _hevc_browse(
             raise PhotoError(ErrorCode.DECODE_FAILED, f"{error.message} {error.detail}".strip()) from None
 
 
+def _heif_header(data: bytearray, source: pyvips.Source) -> tuple[pyvips.Image | None, _Header]:
+    """libvips' header of a HEIF, or pi-heif's where libvips' libheif refuses to read it.
+
+    libvips' libheif refuses files of more than 256 items (its "security limit"), before it says
+    what they are: a 200 MP phone HEIC has about 800 (768 tiles), a 48 MP iPhone portrait with its
+    gain map and mattes about 284. pi-heif's libheif allows its default of 1000: it reads what such a
+    file declares, so that the limits judge it, and decodes it if it is HEVC (an AV1 one it cannot,
+    and says so: DECODE_FAILED). Over 1000 items, both refuse (DECODE_FAILED); no phone comes near.
+    """
+    try:
+        image = pyvips.Image.new_from_source(source, "", access="sequential")
+    except pyvips.Error:
+        declared = heic.header(data)
+        return None, _Header(
+            declared.width, declared.height, declared.bands, declared.sample_bytes, declared.sample_bytes
+        )
+    return image, _Header.of(image, _HEIF)
+
+
 def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
     """Render `thumb` and `browse` WebP variants from a stream of the original.
 
@@ -339,16 +358,24 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
         stream.keep_nothing()
     deadline.check("after reading")
 
-    try:
-        header_image = pyvips.Image.new_from_source(source, "", access="sequential")
-    except pyvips.Error as error:
-        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
-    header = _Header.of(header_image, loader)
-    fields = set(header_image.get_fields())
+    header_image: pyvips.Image | None
+    if loader == _HEIF:
+        header_image, header = _heif_header(data, source)
+    else:
+        try:
+            header_image = pyvips.Image.new_from_source(source, "", access="sequential")
+        except pyvips.Error as error:
+            raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+        header = _Header.of(header_image, loader)
+    fields = set(header_image.get_fields()) if header_image is not None else set()
 
     # Routed by the coding libvips' header names, not by the file's brand: HEVC has no decoder in
-    # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips.
-    hevc = heic.COMPRESSION_FIELD in fields and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
+    # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips. A HEIF that
+    # libvips could not read at all goes to pi-heif, which decodes HEVC or says why not.
+    hevc = loader == _HEIF and (
+        header_image is None
+        or (heic.COMPRESSION_FIELD in fields and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION)
+    )
     # A deep (10 or 12-bit) HEVC picture over the whole-decode limit is decoded at 8 bits by libheif
     # where that fits: a phone's 48 MP HDR photo renders, a little darker (libheif truncates).
     eight_bit = hevc and header.sample_bytes > 1 and header.whole_bytes() > options.max_whole_decode_bytes
@@ -369,6 +396,7 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
     if hevc:
         browse, loader = _hevc_browse(data, options, eight_bit, deadline), heic.DECODER
     else:
+        assert header_image is not None  # only a HEIF goes without libvips' header, and to pi-heif
         browse = _browse(stream, source, options, _converts(header_image), deadline)
     if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
         browse = browse.colourspace("srgb").cast("uchar")

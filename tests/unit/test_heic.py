@@ -407,6 +407,18 @@ def test_the_pipeline_imports_pi_heif_only_when_a_heic_arrives() -> None:
 # --- Files libvips' libheif refuses to read, and files too large to decode whole (SPEC 3) -------------
 
 
+@pytest.fixture(scope="module")
+def tile() -> hostile.CodedPicture:
+    """A real HEVC picture of 128 x 128 (pillow-heif), for the hand-built layouts below to repeat."""
+    return hostile.coded_picture(samples.heic(samples.photograph().crop(0, 0, 128, 128), tile_size=0))
+
+
+@pytest.fixture(scope="module")
+def big_tile() -> hostile.CodedPicture:
+    """The same at 512 x 512: a phone's tile size."""
+    return hostile.coded_picture(samples.heic(samples.photograph().crop(0, 0, 512, 512), tile_size=0))
+
+
 def libvips_reads(data: bytes) -> bool:
     try:
         header(data)
@@ -415,7 +427,77 @@ def libvips_reads(data: bytes) -> bool:
     return True
 
 
-@pytest.mark.parametrize("tile_size", [1024], ids=["read-by-libvips"])
+def test_a_heic_of_more_items_than_libvips_reads_renders(upright: pyvips.Image) -> None:
+    # GIVEN a real HEIC of 1600 x 1200 coded in 64 x 64 tiles by pillow-heif: 475 tiles, so 477 items
+    # with its grid and EXIF, over the 256 items that libvips' libheif reads
+    picture = upright.crop(0, 0, 1600, 1200)
+    data = samples.heic(picture, tile_size=64)
+    assert not libvips_reads(data)
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN pi-heif read and decoded it: the picture, at its size (measured 2.0)
+    assert rendered.loader == "pi_heif"
+    assert (rendered.width, rendered.height) == (1600, 1200)
+    assert mean_difference(decoded(rendered, "browse"), picture) < TOLERANCE
+
+
+# Phone layouts, item for item (tiles of 512 x 512 pixels in the phones' files; here 128 x 128, so
+# that the pictures stay small while the item counts are the phones'): the primary grid, the HDR
+# gain map's grid, portrait mattes' grids, a thumbnail, EXIF and XMP.
+GAIN_MAP = "urn:com:apple:photo:2020:aux:hdrgainmap"
+MATTE = "urn:com:apple:photo:2019:aux:semanticskinmatte"
+
+
+@pytest.mark.parametrize(
+    ("mattes", "items", "read_by_libvips"),
+    [pytest.param(0, 245, True, id="iphone-48mp"), pytest.param(3, 284, False, id="iphone-48mp-portrait")],
+)
+def test_an_iphone_48mp_layout_renders_whatever_its_item_count(
+    tile: hostile.CodedPicture, mattes: int, items: int, read_by_libvips: bool
+) -> None:
+    # GIVEN the layout of a 48 MP iPhone HEIC (8064 x 6048: 16 x 12 tiles) with its gain map (8 x 6
+    # tiles), thumbnail, EXIF and XMP: 245 items; a portrait adds mattes (4 x 3 tiles each): 284
+    auxiliary = (hostile.Grid(tile, 8, 6, (1008, 756), GAIN_MAP),) + (
+        hostile.Grid(tile, 4, 3, (504, 378), MATTE),
+    ) * mattes
+    data = hostile.heif(
+        hostile.Grid(tile, 16, 12, (2016, 1512)), auxiliary=auxiliary, thumbnail=tile, metadata_items=2
+    )
+    assert data.count(b"infe") == items
+    assert libvips_reads(data) is read_by_libvips
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN it renders at its size, whether libvips could read it or not
+    assert rendered.loader == "pi_heif"
+    assert (rendered.width, rendered.height) == (2016, 1512)
+    assert_plain_srgb(rendered)
+
+
+def test_a_200mp_phone_heic_is_refused_for_its_size_not_reported_as_corrupt(
+    big_tile: hostile.CodedPicture, decoder_calls: list[int]
+) -> None:
+    # GIVEN the layout of a 200 MP phone HEIC: 12240 x 16320 pixels in 24 x 32 tiles of 512 x 512,
+    # a thumbnail and metadata, 772 items, which libvips cannot read
+    data = hostile.heif(hostile.Grid(big_tile, 24, 32, (12240, 16320)), thumbnail=big_tile, metadata_items=2)
+    assert not libvips_reads(data)
+
+    # WHEN it is rendered
+    started = time.monotonic()
+    with pytest.raises(PhotoError) as raised:
+        render_bytes(data)
+
+    # THEN it is refused for its dimensions (over the 100 MP limit), from what it declares, quickly
+    # and without decoding a pixel: not DECODE_FAILED, which tells the user the file is broken
+    assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
+    assert decoder_calls == []
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize("tile_size", [1024, 512], ids=["read-by-libvips", "read-by-pi-heif"])
 def test_a_heic_too_large_to_decode_whole_is_refused_from_its_header(
     upright: pyvips.Image, tile_size: int
 ) -> None:
