@@ -7,16 +7,27 @@ making a bomb never costs what decoding it would. Where a real encoder is the po
 tile, a real AV1 picture, a progressive JPEG), libvips or pillow-heif encodes a small picture and
 the writer repeats or re-labels it.
 
-The tests (tests/unit/test_pipeline.py, test_heic.py) build their bombs here; a fuzzer or a soak
-test can start from the same writers.
+    python -m devkit.hostile <folder>    write every case of CASES not there yet
+
+CASES is the hostile corpus: every accepted format, extreme shapes both ways, deep samples, many
+frames and pages, tiny files with huge canvases, each limit's default met and just passed, and the
+phones' HEIC layouts. Each case names what it should come to under the default limits (`rendered`,
+or the code it is refused with); benchmarks/hostile.py renders each in a fresh process. The tests
+build their bombs from the same writers, and a fuzzer or a soak test can.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from devkit import samples
 
 # --- PNG -------------------------------------------------------------------------------------------
 
@@ -145,38 +156,50 @@ def tiff(
     bands: int = 3,
     sample_format: str = "uint",
     rows_per_strip: int | None = None,
+    tile: tuple[int, int] | None = None,
     pages: int = 1,
 ) -> bytes:
     """A little-endian TIFF of zero samples, deflate-compressed in strips of `rows_per_strip` rows
-    (default: the whole picture in one strip); `pages` - 1 more pages (one row each) chain after the
-    first, as a scanner's multi-page file does."""
+    (default: the whole picture in one strip), or in tiles of `tile` pixels (every tile the same
+    bytes, stored once); `pages` - 1 more pages (one row each) chain after the first, as a scanner's
+    multi-page file does."""
     writer = _Tiff()
     row = bytes(width * bands * bits // 8)
 
-    def entries(
-        picture_height: int, offsets: list[int], counts: list[int]
-    ) -> list[tuple[int, int, list[int]]]:
+    def entries(picture_height: int, pieces: tuple[list[int], list[int]]) -> list[tuple[int, int, list[int]]]:
+        offsets, counts = pieces
         listed = [
             (256, 4, [width]),
             (257, 4, [picture_height]),
             (258, 3, [bits] * bands),
             (259, 3, [8]),  # deflate
             (262, 3, [2 if bands >= 3 else 1]),
-            (273, 4, offsets),
             (277, 3, [bands]),
-            (278, 4, [min(rows_per_strip or height, picture_height)]),
-            (279, 4, counts),
             (284, 3, [1]),
             (339, 3, [_SAMPLE_FORMAT[sample_format]] * bands),
         ]
+        if tile is None:
+            listed += [
+                (273, 4, offsets),
+                (278, 4, [min(rows_per_strip or height, picture_height)]),
+                (279, 4, counts),
+            ]
+        else:
+            listed += [(322, 4, [tile[0]]), (323, 4, [tile[1]]), (324, 4, offsets), (325, 4, counts)]
         if bands in (2, 4):
             listed.append((338, 3, [2]))  # the last band is unassociated alpha
         return listed
 
-    first = writer.directory(entries(height, *writer.strips(row, height, rows_per_strip or height)))
+    if tile is None:
+        pieces = writer.strips(row, height, rows_per_strip or height)
+    else:
+        (offset,), (count,) = writer.strips(bytes(tile[0] * bands * bits // 8), tile[1], tile[1])
+        tiles = -(-width // tile[0]) * -(-height // tile[1])
+        pieces = ([offset] * tiles, [count] * tiles)
+    first = writer.directory(entries(height, pieces))
     writer.out[4:8] = struct.pack("<I", first)
     if pages > 1:
-        page = entries(1, *writer.strips(row, 1, 1))
+        page = entries(1, writer.strips(row, 1, 1))
         previous = first
         for _ in range(pages - 1):
             current = writer.directory(page)
@@ -527,3 +550,336 @@ def repeated_scans(jpeg: bytes, times: int) -> bytes:
     end = jpeg.rindex(b"\xff\xd9")
     last_scan = jpeg.rindex(b"\xff\xda")
     return jpeg[:end] + jpeg[last_scan:end] * times + jpeg[end:]
+
+
+# --- The corpus ----------------------------------------------------------------------------------
+
+
+@cache
+def _tile(kind: str) -> CodedPicture:
+    """One real coded picture, from the project's photograph: HEVC 512 x 512 (8 or 10-bit), AV1 512 x 512."""
+
+    crop = samples.photograph().crop(0, 0, 512, 512)
+    if kind == "av1":
+        return coded_picture(bytes(crop.heifsave_buffer(compression="av1", Q=50, effort=0)))
+    return coded_picture(samples.heic(crop, tile_size=0, bits=10 if kind == "hevc-10" else 8))
+
+
+def _grid(kind: str, size: tuple[int, int], *, thumbnail: bool = False, metadata_items: int = 0) -> bytes:
+    """A picture of `size` in tiles of one, with a thumbnail (the tile) and metadata items if asked."""
+    tile = _tile(kind)
+    across, down = -(-size[0] // tile.size[0]), -(-size[1] // tile.size[1])
+    brand = b"avif" if kind == "av1" else b"heic"
+    return heif(
+        Grid(tile, across, down, size),
+        thumbnail=tile if thumbnail else None,
+        metadata_items=metadata_items,
+        brand=brand,
+    )
+
+
+def _iphone_48mp(mattes: int, kind: str = "hevc-8") -> bytes:
+    """A 48 MP iPhone HEIC item for item: 16 x 12 tiles, an HDR gain map of 8 x 6, portrait mattes
+    of 4 x 3 each, a thumbnail, EXIF and XMP: 245 items, and 13 more a matte."""
+    tile = _tile(kind)
+    mattes_grids = (
+        Grid(tile, 4, 3, (2016, 1512), "urn:com:apple:photo:2019:aux:semanticskinmatte"),
+    ) * mattes
+    return heif(
+        Grid(tile, 16, 12, (8064, 6048)),
+        auxiliary=(Grid(tile, 8, 6, (4032, 3024)), *mattes_grids),
+        thumbnail=tile,
+        metadata_items=2,
+    )
+
+
+def _vips(make: Callable[[Any], bytes]) -> Callable[[], bytes]:
+    """A file libvips encodes (a real progressive JPEG, a real WebP) from a black picture."""
+
+    def run() -> bytes:
+        import pyvips
+
+        return make(pyvips.Image)
+
+    return run
+
+
+def _pillow_gif(size: tuple[int, int]) -> bytes:
+    """A real GIF (LZW-coded by Pillow) of one colour."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("P", size).save(out, "GIF")
+    return out.getvalue()
+
+
+def _one_pixel_webp() -> bytes:
+    import pyvips
+
+    return bytes(pyvips.Image.black(1, 1, bands=3).webpsave_buffer(lossless=True))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # also the file's name
+    make: Callable[[], bytes]
+    # What it comes to under the default limits: "rendered", or the code it is refused with.
+    expect: str
+    note: str = ""
+
+
+REFUSED = "DIMENSIONS_EXCEEDED"
+RENDERED = "rendered"
+# The default limits (RenderOptions, Settings) the cases sit at, or just over.
+PIXELS, SIDE, ROW, WHOLE = 100_000_000, 32_768, 196_608, 240_000_000
+
+CASES = [
+    # PNG: cannot shrink on load; libvips holds whole rows, by the hundred while it shrinks.
+    Case("png-1000000x100.png", lambda: png(1_000_000, 100), REFUSED, "the issue's 390 KB PNG: 1.85 GB"),
+    Case("png-10000000x10-16bit.png", lambda: png(10_000_000, 10, bits=16), REFUSED, "13.5 GB, 48 s"),
+    Case("png-10x10000000.png", lambda: png(10, 10_000_000), REFUSED, "ten million rows"),
+    Case("png-100000x100000.png", samples.pixel_bomb_png, REFUSED, "a pixel bomb: 10 GP, 4 KB"),
+    Case("png-10000x10000.png", lambda: png(10_000, 10_000), RENDERED, "at the pixel limit"),
+    Case("png-10000x10001.png", lambda: png(10_000, 10_001), REFUSED, "one row over the pixel limit"),
+    Case("png-32768x3051.png", lambda: png(SIDE, PIXELS // SIDE), RENDERED, "at the side limit"),
+    Case("png-3051x32768.png", lambda: png(PIXELS // SIDE, SIDE), RENDERED, "at the side limit, tall"),
+    Case("png-32769x100.png", lambda: png(SIDE + 1, 100), REFUSED, "one column over the side limit"),
+    Case(
+        "png-32768x3051-16bit.png", lambda: png(SIDE, PIXELS // SIDE, bits=16), RENDERED, "row at its limit"
+    ),
+    Case(
+        "png-24576x4069-16bit-alpha.png",
+        lambda: png(ROW // 8, PIXELS // (ROW // 8), bits=16, bands=4),
+        RENDERED,
+        "row at its limit, alpha",
+    ),
+    Case(
+        "png-24577x100-16bit-alpha.png", lambda: png(ROW // 8 + 1, 100, bits=16, bands=4), REFUSED, "row over"
+    ),
+    Case(
+        "png-32768x3051-16bit-p3.png",
+        lambda: png(SIDE, PIXELS // SIDE, bits=16, profile=_p3_profile()),
+        RENDERED,
+        "row at its limit, colour-managed",
+    ),
+    Case(
+        "png-interlaced-8944x8944.png",
+        lambda: png(8944, 8944, interlaced=True),
+        RENDERED,
+        "decoded whole, at its limit",
+    ),
+    Case(
+        "png-interlaced-8945x8945.png",
+        lambda: png(8945, 8945, interlaced=True),
+        REFUSED,
+        "decoded whole, over",
+    ),
+    Case(
+        "png-interlaced-5477x5477-16bit-alpha.png",
+        lambda: png(5477, 5477, bits=16, bands=4, interlaced=True),
+        RENDERED,
+        "decoded whole, 16-bit RGBA, at its limit",
+    ),
+    Case(
+        "png-interlaced-10000x10000-16bit-alpha.png",
+        lambda: png(10_000, 10_000, bits=16, bands=4, interlaced=True),
+        REFUSED,
+        "decoded whole: 893 MB before",
+    ),
+    # TIFF: one strip or many, deep samples, many pages.
+    Case("tiff-4000000x10.tif", lambda: tiff(4_000_000, 10), REFUSED, "the issue's TIFF: 2.07 GB"),
+    Case("tiff-32768x3051.tif", lambda: tiff(SIDE, PIXELS // SIDE), RENDERED, "at the side limit, one strip"),
+    Case(
+        "tiff-24576x4069-16bit-alpha.tif",
+        lambda: tiff(ROW // 8, PIXELS // (ROW // 8), bits=16, bands=4),
+        RENDERED,
+        "row at its limit",
+    ),
+    Case(
+        "tiff-12288x8138-float-alpha.tif",
+        lambda: tiff(ROW // 16, PIXELS // (ROW // 16), bits=32, bands=4, sample_format="float"),
+        RENDERED,
+        "float samples, row at its limit",
+    ),
+    Case(
+        "tiff-16384x6103-float-alpha.tif",
+        lambda: tiff(16384, PIXELS // 16384, bits=32, bands=4, sample_format="float"),
+        REFUSED,
+        "float samples, row over",
+    ),
+    Case(
+        "tiff-11520x8640-tiles-5760.tif",
+        lambda: tiff(11520, 8640, tile=(5760, 5760)),
+        REFUSED,
+        "tiles of 100 MB: 451 MB before",
+    ),
+    Case(
+        "tiff-24576x4069-16bit-alpha-tiles-304.tif",
+        lambda: tiff(ROW // 8, PIXELS // (ROW // 8), bits=16, bands=4, tile=(304, 304)),
+        RENDERED,
+        "rows of tiles at the buffer limit",
+    ),
+    Case(
+        "tiff-32768x3051-tiles-512.tif",
+        lambda: tiff(SIDE, PIXELS // SIDE, tile=(512, 512)),
+        RENDERED,
+        "tiled",
+    ),
+    Case("tiff-100000-pages.tif", lambda: tiff(64, 64, pages=100_000), RENDERED, "6.6 s before"),
+    # JPEG: shrinks on load, except what a progressive one keeps (2 bytes a DCT coefficient).
+    Case(
+        "jpeg-declaring-65500x65500.jpg",
+        _vips(lambda vips: with_jpeg_size(bytes(vips.black(64, 64).jpegsave_buffer()), (65500, 65500))),
+        REFUSED,
+        "a header that lies",
+    ),
+    Case(
+        "jpeg-32768x3051.jpg",
+        _vips(lambda vips: bytes(vips.black(SIDE, PIXELS // SIDE, bands=3).jpegsave_buffer())),
+        RENDERED,
+        "at the side limit",
+    ),
+    Case(
+        "jpeg-progressive-6324x6324-444.jpg",
+        _vips(
+            lambda vips: bytes(
+                vips.black(6324, 6324, bands=3).jpegsave_buffer(interlace=True, subsample_mode="off")
+            )
+        ),
+        RENDERED,
+        "progressive, at the whole-decode limit",
+    ),
+    Case(
+        "jpeg-progressive-declaring-6325x6325.jpg",
+        _vips(
+            lambda vips: with_jpeg_size(
+                bytes(vips.black(64, 64, bands=3).jpegsave_buffer(interlace=True, subsample_mode="off")),
+                (6325, 6325),
+            )
+        ),
+        REFUSED,
+        "progressive, just over",
+    ),
+    Case(
+        "jpeg-progressive-cmyk-5477x5477.jpg",
+        _vips(
+            lambda vips: bytes(
+                vips.black(5477, 5477, bands=4).copy(interpretation="cmyk").jpegsave_buffer(interlace=True)
+            )
+        ),
+        RENDERED,
+        "progressive CMYK at the whole-decode limit",
+    ),
+    # GIF: its frame is decoded whole, in RGBA.
+    Case(
+        "gif-canvas-65535x65535.gif", lambda: gif((65535, 65535)), RENDERED, "a 43-byte file, 17 GB of canvas"
+    ),
+    Case(
+        "gif-frame-10000x10000-empty.gif",
+        lambda: gif((10_000, 10_000), (10_000, 10_000), coded=False),
+        REFUSED,
+        "",
+    ),
+    Case("gif-7745x7745.gif", lambda: _pillow_gif((7745, 7745)), RENDERED, "decoded whole, at its limit"),
+    Case("gif-1000000-frames.gif", lambda: gif((64, 64), frames=1_000_000), RENDERED, "190 MB before"),
+    # WebP: shrinks on load, 16383 pixels a side at most.
+    Case(
+        "webp-16383x6103.webp",
+        _vips(
+            lambda vips: bytes(vips.black(16383, PIXELS // 16383, bands=3).webpsave_buffer(Q=10, effort=0))
+        ),
+        RENDERED,
+        "WebP's largest side, 100 MP",
+    ),
+    Case(
+        "webp-animated-canvas-16383x16383.webp",
+        lambda: animated_webp((16383, 16383), _one_pixel_webp()),
+        REFUSED,
+        "a 90-byte file, 268 MP of canvas",
+    ),
+    Case(
+        "webp-animated-canvas-10000x10000.webp",
+        lambda: animated_webp((10_000, 10_000), _one_pixel_webp()),
+        REFUSED,
+        "a 90-byte file, 100 MP of canvas: 520 MB before",
+    ),
+    Case(
+        "webp-animated-canvas-7745x7745.webp",
+        lambda: animated_webp((7745, 7745), _one_pixel_webp()),
+        RENDERED,
+        "a canvas decoded whole, at its limit",
+    ),
+    Case(
+        "webp-100000-frames.webp",
+        lambda: animated_webp((64, 64), _one_pixel_webp(), frames=100_000),
+        RENDERED,
+        "51 s before",
+    ),
+    # AVIF (libvips decodes it whole, through libheif).
+    Case("avif-7302x7302.avif", lambda: _grid("av1", (7302, 7302)), RENDERED, "at the whole-decode limit"),
+    Case("avif-7304x7304.avif", lambda: _grid("av1", (7304, 7304)), REFUSED, "just over"),
+    # HEIC (pi-heif decodes it whole), in phones' layouts.
+    Case("heic-7302x7302.heic", lambda: _grid("hevc-8", (7302, 7302)), RENDERED, "at the whole-decode limit"),
+    Case("heic-7304x7304.heic", lambda: _grid("hevc-8", (7304, 7304)), REFUSED, "just over"),
+    Case("heic-iphone-48mp.heic", lambda: _iphone_48mp(0), RENDERED, "245 items"),
+    Case(
+        "heic-iphone-48mp-portrait.heic", lambda: _iphone_48mp(3), RENDERED, "284 items: libvips refuses them"
+    ),
+    Case(
+        "heic-7302x5477-10bit.heic",
+        lambda: _grid("hevc-10", (7302, 5477)),
+        RENDERED,
+        "deep, decoded at 8 bits",
+    ),
+    Case(
+        "heic-iphone-48mp-10bit.heic", lambda: _iphone_48mp(0, "hevc-10"), REFUSED, "deep: 406 MB at 8 bits"
+    ),
+    Case(
+        "heic-200mp.heic",
+        lambda: _grid("hevc-8", (12240, 16320), thumbnail=True, metadata_items=2),
+        REFUSED,
+        "772 items: DECODE_FAILED before",
+    ),
+    Case(
+        "heic-declaring-65535x65535.heic",
+        lambda: _grid("hevc-8", (65535, 65535)),
+        "DECODE_FAILED",
+        "16,385 items: over what any libheif here reads",
+    ),
+]
+
+
+@cache
+def _p3_profile() -> bytes:
+    import pyvips
+
+    return bytes(
+        pyvips.Image.black(1, 1, bands=3).icc_transform("p3", input_profile="srgb").get("icc-profile-data")
+    )
+
+
+def write(folder: Path, cases: list[Case] = CASES) -> list[Path]:
+    """Each case's file in `folder` (made if missing), in the order of `cases`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for case in cases:
+        path = folder / case.name
+        if not path.exists():
+            partial = path.with_name(path.name + ".part")
+            partial.write_bytes(case.make())
+            partial.rename(path)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("python -m devkit.hostile <folder>: write every case of CASES not there yet")
+    for path in write(Path(argv[0])):
+        print(f"{path.stat().st_size:>12} {path.name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

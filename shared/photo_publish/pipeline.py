@@ -88,10 +88,11 @@ class RenderOptions:
     # hold hundreds of whole rows while it shrinks: a 16-bit RGBA row of 32768 pixels (256 KiB)
     # peaked at 402 MB, a 16-bit RGB one (192 KiB) at about 300 MB.
     max_input_row_bytes: int = 196_608
-    # Width x height x bands x bytes per sample of a picture its decoder holds whole: HEIF, GIF,
-    # progressive JPEG (2 bytes per DCT coefficient), interlaced PNG. About 1.2 to 1.6 times this in
-    # memory at the peak; 48 and 50 MP 8-bit phone HEICs (146 and 150 MB) pass.
-    max_whole_decode_bytes: int = 160_000_000
+    # What a decoder may hold at once, in bytes, where it holds more than a few rows: a HEIF's coded
+    # planes and RGB (4.5 bytes a pixel at 8 bits, 9 at 16), a GIF's or an animated WebP's RGBA
+    # canvas (4), a progressive JPEG's DCT coefficients (2 a sample), an interlaced PNG's pixels,
+    # a tiled TIFF's rows of tiles. 48 and 50 MP 8-bit phone HEICs (220 and 225 MB) pass.
+    max_decode_buffer_bytes: int = 240_000_000
     # The render's own deadline: past it, the file is at fault (RENDER_TIME_EXCEEDED, permanent).
     render_timeout_seconds: float = 30.0
 
@@ -223,22 +224,31 @@ class _Header:
     height: int  # of the first page
     bands: int
     sample_bytes: int
-    # Bytes per sample that its decoder holds for the whole picture at once; 0: decoded row by row.
-    whole_sample_bytes: int = 0
+    # What its decoder holds at once, in bytes, where that is more than a few rows: the whole
+    # picture, or rows of tiles.
+    buffer_bytes: int = 0
 
     @classmethod
     def of(cls, image: pyvips.Image, loader: str) -> _Header:
-        interlaced = "interlaced" in image.get_fields() and bool(image.get("interlaced"))
+        fields = image.get_fields()
+        interlaced = "interlaced" in fields and bool(image.get("interlaced"))
+        width, height, bands = image.width, image.get_page_height(), image.bands
         sample_bytes = _SAMPLE_BYTES.get(str(image.format), 8)
-        whole = 0
+        pixel_bytes: float = 0
         if loader == "jpegload_source" and interlaced:
-            whole = 2  # a progressive JPEG's DCT coefficients, kept until its last scan
-        elif loader in ("gifload_source", _HEIF) or (loader == "pngload_source" and interlaced):
-            whole = sample_bytes
-        return cls(image.width, image.get_page_height(), image.bands, sample_bytes, whole)
-
-    def whole_bytes(self) -> int:
-        return self.width * self.height * self.bands * self.whole_sample_bytes
+            pixel_bytes = 2 * bands  # a progressive JPEG's DCT coefficients, kept until its last scan
+        elif loader == "gifload_source" or (loader == "webpload_source" and "delay" in fields):
+            pixel_bytes = 4  # an animation's frame, composed on its whole canvas in RGBA
+        elif loader == _HEIF:
+            pixel_bytes = _heif_pixel_bytes(bands, sample_bytes)
+        elif loader == "pngload_source" and interlaced:
+            pixel_bytes = bands * sample_bytes
+        buffer = int(width * height * pixel_bytes)
+        if loader == "tiffload_source" and "tile-height" in fields:
+            # libvips holds about four rows of tiles while it shrinks (measured: 228 MB over the
+            # imports for 512-pixel tiles of 32768-pixel 8-bit rows), and a tile may hold 100 MB.
+            buffer = 4 * width * min(int(image.get("tile-height")), height) * bands * sample_bytes
+        return cls(width, height, bands, sample_bytes, buffer)
 
     def check(self, options: RenderOptions) -> None:
         """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED)."""
@@ -250,10 +260,16 @@ class _Header:
         row = self.width * self.bands * self.sample_bytes
         if row > options.max_input_row_bytes:
             raise _exceeded(f"{size}: a row of {row} bytes exceeds {options.max_input_row_bytes}")
-        if self.whole_bytes() > options.max_whole_decode_bytes:
+        if self.buffer_bytes > options.max_decode_buffer_bytes:
             raise _exceeded(
-                f"{size} decoded whole: {self.whole_bytes()} bytes exceeds {options.max_whole_decode_bytes}"
+                f"{size}: its decoder would hold {self.buffer_bytes} bytes, over {options.max_decode_buffer_bytes}"
             )
+
+
+def _heif_pixel_bytes(bands: int, sample_bytes: int, out_sample_bytes: int | None = None) -> float:
+    """What libheif holds a pixel of a HEIF in: its coded planes (4:2:0, as phones code them, 1.5
+    samples a pixel) and the interleaved RGB(A) it converts them to, 8-bit or 16-bit."""
+    return 1.5 * sample_bytes + bands * (out_sample_bytes or sample_bytes)
 
 
 def _exceeded(detail: str) -> PhotoError:
@@ -332,9 +348,14 @@ def _heif_header(data: bytearray, source: pyvips.Source) -> tuple[pyvips.Image |
         image = pyvips.Image.new_from_source(source, "", access="sequential")
     except pyvips.Error:
         declared = heic.header(data)
-        return None, _Header(
-            declared.width, declared.height, declared.bands, declared.sample_bytes, declared.sample_bytes
+        width, height, bands, sample_bytes = (
+            declared.width,
+            declared.height,
+            declared.bands,
+            declared.sample_bytes,
         )
+        held = width * height * _heif_pixel_bytes(bands, sample_bytes)
+        return None, _Header(width, height, bands, sample_bytes, int(held))
     return image, _Header.of(image, _HEIF)
 
 
@@ -376,11 +397,12 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
         header_image is None
         or (heic.COMPRESSION_FIELD in fields and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION)
     )
-    # A deep (10 or 12-bit) HEVC picture over the whole-decode limit is decoded at 8 bits by libheif
+    # A deep (10 or 12-bit) HEVC picture over the decode buffer limit is decoded at 8 bits by libheif
     # where that fits: a phone's 48 MP HDR photo renders, a little darker (libheif truncates).
-    eight_bit = hevc and header.sample_bytes > 1 and header.whole_bytes() > options.max_whole_decode_bytes
+    eight_bit = hevc and header.sample_bytes > 1 and header.buffer_bytes > options.max_decode_buffer_bytes
     if eight_bit:
-        header = replace(header, whole_sample_bytes=1)
+        held = header.width * header.height * _heif_pixel_bytes(header.bands, header.sample_bytes, 1)
+        header = replace(header, buffer_bytes=int(held))
     # Bombs of every shape are refused on what the header declares, before any pixel is decoded.
     header.check(options)
 

@@ -502,7 +502,7 @@ def test_a_heic_too_large_to_decode_whole_is_refused_from_its_header(
     upright: pyvips.Image, tile_size: int
 ) -> None:
     # GIVEN a HEIC of 9000 x 9000 pixels (81 MP, under the pixel limit), whose decode would hold about
-    # 4.5 bytes a pixel at once, 370 MB: in 9 x 9 tiles of 1024 (83 items, read by libvips), or in
+    # 4.5 bytes a pixel at once, 365 MB: in 9 x 9 tiles of 1024 (83 items, read by libvips), or in
     # 18 x 18 tiles of 512 (325 items, over what libvips reads)
     one = hostile.coded_picture(samples.heic(upright.crop(0, 0, tile_size, tile_size), tile_size=0))
     across = -(-9000 // tile_size)
@@ -533,20 +533,21 @@ def decode_options(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, b
 def test_a_deep_heic_too_large_for_16_bits_is_decoded_at_8(
     upright: pyvips.Image, decode_options: list[dict[str, bool]]
 ) -> None:
-    # GIVEN a 10-bit HEIC, and a whole-decode limit between its 8-bit and its 16-bit size, as a
-    # phone's 48 MP HDR photo is against the default limit
+    # GIVEN a 10-bit HEIC, and a whole-decode limit between what libheif holds decoding it to 8 bits
+    # (its 10-bit planes, 3 bytes a pixel, and 8-bit RGB, 3) and to 16 bits (planes and 6), as a
+    # phone's 40 MP HDR photo is against the default limit
     data = samples.heic(upright, profile="p3", bits=10)
-    eight_bit_bytes = UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1] * 3
-    options = RenderOptions(max_whole_decode_bytes=eight_bit_bytes * 3 // 2)
+    pixels = UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1]
+    options = RenderOptions(max_decode_buffer_bytes=pixels * 15 // 2)
 
     # WHEN it is rendered
     rendered = render_bytes(data, options)
 
-    # THEN libheif reduced it to 8 bits (half the memory), and it is the photograph (measured 1.9)
+    # THEN libheif reduced it to 8 bits, and it is the photograph (measured 1.9)
     assert decode_options == [{"eight_bit": True}]
     assert mean_difference(decoded(rendered, "browse"), upright.thumbnail_image(BROWSE_SIZE[0])) < TOLERANCE
-    # AND with a limit under even its 8-bit size, it is refused before decoding
+    # AND with a limit under even that, it is refused before decoding
     with pytest.raises(PhotoError) as raised:
-        render_bytes(data, RenderOptions(max_whole_decode_bytes=eight_bit_bytes - 1))
+        render_bytes(data, RenderOptions(max_decode_buffer_bytes=pixels * 6 - 1))
     assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
     assert len(decode_options) == 1

@@ -7,6 +7,7 @@ Lanczos downsizing of the same photo by about 1.9, so tolerances sit a little ab
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 import time
@@ -18,6 +19,7 @@ from PIL import Image, ImageCms
 from devkit import hostile, samples
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.settings import Settings
 from photo_publish.storage import OriginalStream
 from tests import capped
 from tests.readers import FailingReader, webp_chunks
@@ -544,7 +546,7 @@ def test_a_row_is_bounded_in_bytes_not_only_in_pixels(bands: int, code: str | No
     assert outcome.code == code, outcome
 
 
-WHOLE_DECODE_BOMBS = {
+BUFFER_BOMBS = {
     # Adam7 interlacing: libvips decodes the whole picture before the first row (measured 893 MB).
     "png-interlaced-10000x10000-16bit-alpha": lambda: hostile.png(
         10000, 10000, bits=16, bands=4, interlaced=True
@@ -555,15 +557,17 @@ WHOLE_DECODE_BOMBS = {
         bytes(pyvips.Image.black(64, 64, bands=3).jpegsave_buffer(interlace=True, subsample_mode="off")),
         (8000, 6000),
     ),
+    # libvips caches two rows of a tiled TIFF's tiles, and a tile may hold 100 MB (measured: 451 MB).
+    "tiff-11520x8640-in-tiles-of-5760": lambda: hostile.tiff(11520, 8640, tile=(5760, 5760)),
     # A GIF frame is decoded whole, 4 bytes a pixel, whatever the file holds: here nothing at all.
     "gif-frame-10000x10000": lambda: hostile.gif((10000, 10000), (10000, 10000), coded=False),
 }
 
 
-@pytest.mark.parametrize("name", WHOLE_DECODE_BOMBS)
-def test_a_format_decoded_whole_is_held_to_the_lower_limit_from_its_header(name: str) -> None:
-    # GIVEN a file under the pixel limit, of a kind its decoder holds whole in memory
-    data = WHOLE_DECODE_BOMBS[name]()
+@pytest.mark.parametrize("name", BUFFER_BOMBS)
+def test_what_a_decoder_holds_at_once_is_bounded_from_the_header(name: str) -> None:
+    # GIVEN a file under the pixel limit, of a kind its decoder holds whole in memory (or in big tiles)
+    data = BUFFER_BOMBS[name]()
 
     # WHEN it is rendered
     outcome = capped.render(data)
@@ -663,3 +667,20 @@ def test_a_render_past_its_deadline_is_stopped_inside_libvips(
     # file's (permanent: no attempt will be faster)
     assert raised.value.code is code
     assert raised.value.permanent is (code is ErrorCode.RENDER_TIME_EXCEEDED)
+
+
+def test_the_render_limits_default_to_the_settings_defaults() -> None:
+    # GIVEN the limits a render takes, and the settings the functions read (SPEC 11)
+    settings = {spec.name: spec.default for spec in dataclasses.fields(Settings)}
+    limits = [spec for spec in dataclasses.fields(RenderOptions) if spec.name in settings]
+
+    # THEN each has the same default in both, so a render built with defaults renders as deployed
+    assert {spec.name for spec in limits} >= {
+        "max_input_pixels",
+        "max_input_dimension",
+        "max_input_row_bytes",
+        "max_decode_buffer_bytes",
+        "render_timeout_seconds",
+    }
+    for spec in limits:
+        assert spec.default == settings[spec.name], spec.name
