@@ -235,14 +235,20 @@ def _gif_lzw_zeros(pixels: int) -> bytes:
 
 
 def gif(
-    canvas: tuple[int, int], frame: tuple[int, int] = (1, 1), *, frames: int = 1, coded: bool = True
+    canvas: tuple[int, int],
+    frame: tuple[int, int] = (1, 1),
+    *,
+    frames: int = 1,
+    coded: bool = True,
+    comments: int = 0,
 ) -> bytes:
     """A GIF whose logical screen is `canvas` and whose `frames` frames are `frame`-sized, at (0, 0).
 
     With `coded`, each frame's pixels are there (zeros, one code per pixel: small frames only);
-    without, a frame declares its size and holds no pixel at all, as a bomb does."""
+    without, a frame declares its size and holds no pixel at all, as a bomb does. `comments`
+    one-byte comment extensions come before the first frame."""
     screen = struct.pack("<HHBBB", *canvas, 0x80, 0, 0)  # a global table of 2 colours
-    parts = [b"GIF89a", screen, b"\0\0\0\xff\xff\xff"]
+    parts = [b"GIF89a", screen, b"\0\0\0\xff\xff\xff", b"\x21\xfe\x01X\0" * comments]
     if frames > 1:
         parts.append(b"\x21\xff\x0bNETSCAPE2.0\x03\x01\0\0\0")
     lzw = _gif_lzw_zeros(frame[0] * frame[1] if coded else 0)
@@ -545,11 +551,13 @@ def with_jpeg_size(jpeg: bytes, size: tuple[int, int]) -> bytes:
 
 
 def repeated_scans(jpeg: bytes, times: int) -> bytes:
-    """A progressive JPEG with its last scan (a refinement) repeated `times` more: each is a whole
-    pass over the picture's coefficients for the decoder, and a few bytes of file."""
+    """A progressive JPEG with its smallest scan repeated `times` more before its end: each scan is a
+    pass over every DCT coefficient of the picture for the decoder, and a few bytes of file."""
     end = jpeg.rindex(b"\xff\xd9")
-    last_scan = jpeg.rindex(b"\xff\xda")
-    return jpeg[:end] + jpeg[last_scan:end] * times + jpeg[end:]
+    starts = [at for at in range(len(jpeg) - 1) if jpeg[at] == 0xFF and jpeg[at + 1] == 0xDA]
+    scans = zip(starts, [*starts[1:], end], strict=True)
+    start, stop = min(scans, key=lambda scan: scan[1] - scan[0])
+    return jpeg[:end] + jpeg[start:stop] * times + jpeg[end:]
 
 
 # --- The corpus ----------------------------------------------------------------------------------
@@ -772,6 +780,16 @@ CASES = [
         RENDERED,
         "progressive CMYK at the whole-decode limit",
     ),
+    Case(
+        "jpeg-progressive-100000-scans.jpg",
+        _vips(
+            lambda vips: repeated_scans(
+                bytes(vips.black(2048, 2048, bands=3).jpegsave_buffer(interlace=True)), 100_000
+            )
+        ),
+        "DECODE_FAILED",
+        "a scan bomb: libjpeg's progression check stops it",
+    ),
     # GIF: its frame is decoded whole, in RGBA.
     Case(
         "gif-canvas-65535x65535.gif", lambda: gif((65535, 65535)), RENDERED, "a 43-byte file, 17 GB of canvas"
@@ -783,6 +801,12 @@ CASES = [
         "",
     ),
     Case("gif-7745x7745.gif", lambda: _pillow_gif((7745, 7745)), RENDERED, "decoded whole, at its limit"),
+    Case(
+        "gif-4000000-extensions.gif",
+        lambda: gif((64, 64), comments=4_000_000),
+        RENDERED,
+        "4,000,000 comments before its frame",
+    ),
     Case("gif-1000000-frames.gif", lambda: gif((64, 64), frames=1_000_000), RENDERED, "190 MB before"),
     # WebP: shrinks on load, 16383 pixels a side at most.
     Case(

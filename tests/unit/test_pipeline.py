@@ -632,6 +632,28 @@ def test_a_multi_page_tiff_renders_its_first_page(upright: pyvips.Image) -> None
     assert mean_difference(browse, small.invert()) > 50
 
 
+def test_an_animated_webp_renders_its_first_frame_only(upright: pyvips.Image) -> None:
+    # GIVEN a 3-frame animated WebP with EXIF: the photograph, then its negative twice
+    small = upright.thumbnail_image(320)
+    strip = pyvips.Image.arrayjoin([small, small.invert(), small.invert()], across=1).copy()
+    strip.set_type(pyvips.GValue.gint_type, "page-height", small.height)
+    strip.set_type(pyvips.GValue.array_int_type, "delay", [100] * 3)
+    strip.set_type(pyvips.GValue.blob_type, "exif-data", samples.photograph("Wood.jpg").get("exif-data"))
+    data = bytes(strip.webpsave_buffer(Q=90, keep="exif"))
+    # (libwebp merges the two identical negatives into one frame of twice the duration)
+    assert pyvips.Image.new_from_buffer(data, "").get("n-pages") == 2
+    assert b"EXIF" in data
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN it shows the first frame (measured 1.8), not a strip of three or the negative (about 110)
+    assert (rendered.width, rendered.height) == (small.width, small.height)
+    browse = decoded(rendered, "browse")
+    assert mean_difference(browse, small) < 4
+    assert mean_difference(browse, small.invert()) > 50
+
+
 # --- The render deadline, enforced inside libvips ----------------------------------------------------
 
 
