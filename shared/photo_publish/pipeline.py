@@ -3,9 +3,10 @@
 Decode once: the original is read once, shrunk on load to browse size and kept in memory; the
 thumb is made from that small image, so nothing reads the stream a second time.
 
-HEVC-coded HEIF (phone photos) is the one exception to streaming: libvips reads its header, but
-pi-heif decodes its pixels from the whole file in memory (see heic.py); from the decoded picture on,
-it is the same pipeline.
+HEVC-coded HEIF (phone photos) is the one exception to streaming: libvips reads its header (or
+pi-heif, where libvips' libheif refuses to), and pi-heif decodes its pixels from the whole file in
+memory (see heic.py); from the decoded picture on, it is the same pipeline. GIF, WebP and TIFF are
+read whole too, as their loaders would, to be cut to their first frame (frames.py).
 
 Bounded whatever the file declares (SPEC 3): every limit is checked on the header, before a pixel is
 decoded, and the render stops at its deadline inside libvips. Measured over benchmarks/hostile.py's
@@ -86,7 +87,7 @@ class RenderOptions:
     max_input_dimension: int = 32_768
     # Width x bands x bytes per sample. A format that cannot shrink on load (PNG, TIFF) has libvips
     # hold hundreds of whole rows while it shrinks: a 16-bit RGBA row of 32768 pixels (256 KiB)
-    # peaked at 402 MB, a 16-bit RGB one (192 KiB) at about 300 MB.
+    # peaked at 402 MB, a 16-bit RGB one (192 KiB) at 274 MB.
     max_input_row_bytes: int = 196_608
     # What a decoder may hold at once, in bytes, where it holds more than a few rows: a HEIF's coded
     # planes and RGB (4.5 bytes a pixel at 8 bits, 9 at 16), a GIF's or an animated WebP's RGBA
