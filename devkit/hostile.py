@@ -757,7 +757,7 @@ CASES = [
             )
         ),
         RENDERED,
-        "progressive, at the whole-decode limit",
+        "progressive, at the decode-buffer limit",
     ),
     Case(
         "jpeg-progressive-declaring-6325x6325.jpg",
@@ -778,7 +778,7 @@ CASES = [
             )
         ),
         RENDERED,
-        "progressive CMYK at the whole-decode limit",
+        "progressive CMYK at the decode-buffer limit",
     ),
     Case(
         "jpeg-progressive-100000-scans.jpg",
@@ -842,10 +842,12 @@ CASES = [
         "51 s before",
     ),
     # AVIF (libvips decodes it whole, through libheif).
-    Case("avif-7302x7302.avif", lambda: _grid("av1", (7302, 7302)), RENDERED, "at the whole-decode limit"),
+    Case("avif-7302x7302.avif", lambda: _grid("av1", (7302, 7302)), RENDERED, "at the decode-buffer limit"),
     Case("avif-7304x7304.avif", lambda: _grid("av1", (7304, 7304)), REFUSED, "just over"),
     # HEIC (pi-heif decodes it whole), in phones' layouts.
-    Case("heic-7302x7302.heic", lambda: _grid("hevc-8", (7302, 7302)), RENDERED, "at the whole-decode limit"),
+    Case(
+        "heic-7302x7302.heic", lambda: _grid("hevc-8", (7302, 7302)), RENDERED, "at the decode-buffer limit"
+    ),
     Case("heic-7304x7304.heic", lambda: _grid("hevc-8", (7304, 7304)), REFUSED, "just over"),
     Case("heic-iphone-48mp.heic", lambda: _iphone_48mp(0), RENDERED, "245 items"),
     Case(
