@@ -13,6 +13,8 @@ class ErrorCode(StrEnum):
     DECODE_FAILED = "DECODE_FAILED"
     DIMENSIONS_EXCEEDED = "DIMENSIONS_EXCEEDED"
     ENCODE_FAILED = "ENCODE_FAILED"
+    # The render ran past its own time limit (RENDER_TIMEOUT_SECONDS): the file, not the moment.
+    RENDER_TIME_EXCEEDED = "RENDER_TIME_EXCEEDED"
     # Operational faults: the next attempt may succeed.
     STORAGE_READ_FAILED = "STORAGE_READ_FAILED"
     STORAGE_WRITE_FAILED = "STORAGE_WRITE_FAILED"
@@ -36,6 +38,7 @@ _PERMANENT = frozenset(
         ErrorCode.DECODE_FAILED,
         ErrorCode.DIMENSIONS_EXCEEDED,
         ErrorCode.ENCODE_FAILED,
+        ErrorCode.RENDER_TIME_EXCEEDED,
     }
 )
 

@@ -3,19 +3,28 @@
 Decode once: the original is read once, shrunk on load to browse size and kept in memory; the
 thumb is made from that small image, so nothing reads the stream a second time.
 
-HEVC-coded HEIF (phone photos) is the one exception to streaming: libvips reads its header, but
-pi-heif decodes its pixels from the whole file in memory (see heic.py); from the decoded picture on,
-it is the same pipeline.
+HEVC-coded HEIF (phone photos) is the one exception to streaming: libvips reads its header (or
+pi-heif, where libvips' libheif refuses to), and pi-heif decodes its pixels from the whole file in
+memory (see heic.py); from the decoded picture on, it is the same pipeline. GIF, WebP and TIFF are
+read whole too, as their loaders would, to be cut to their first frame (frames.py).
+
+Bounded whatever the file declares (SPEC 3): every limit is checked on the header, before a pixel is
+decoded, and the render stops at its deadline inside libvips. Measured over benchmarks/hostile.py's
+corpus, the limits' defaults hold every input under 400 MB and 10 s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pyvips
 
-from photo_publish import heic, thumbhash
+from photo_publish import frames, heic, thumbhash
 from photo_publish.contracts import Placeholder
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import VariantKind
@@ -35,9 +44,24 @@ ALLOWED_LOADERS = frozenset(
 _PLAIN = frozenset({"srgb", "b-w", "rgb16", "grey16"})
 # EXIF orientations 5-8 turn the picture a quarter: the displayed size swaps width and height.
 _TRANSPOSING = frozenset({5, 6, 7, 8})
-# The one loader whose files may need their bytes again after the header (for pi-heif).
 _HEIF = "heifload_source"
+# Loaders that hold the whole file in memory anyway (they seek in it), so the pipeline reads it whole
+# first: to cut an animation or a multi-page file to its first frame (frames.py), and to hand a HEIF
+# to pi-heif. JPEG and PNG stream.
+_WHOLE_FILE = frozenset({"gifload_source", "tiffload_source", "webpload_source", _HEIF})
 _CHUNK = 1 << 20
+_SAMPLE_BYTES = {
+    "uchar": 1,
+    "char": 1,
+    "ushort": 2,
+    "short": 2,
+    "uint": 4,
+    "int": 4,
+    "float": 4,
+    "complex": 8,
+    "double": 8,
+    "dpcomplex": 16,
+}
 
 # Untrusted loaders (matload, magick, ...) are not for user uploads.
 pyvips.block_untrusted_set(True)
@@ -57,7 +81,22 @@ class RenderOptions:
     # WebP effort 2, not libvips' 4: the browse's encode is over half the render, and 2 takes 26% off
     # it for +1.7% bytes and -0.004 SSIM (benchmarks/compare.py's corpus).
     effort: int = 2
+    # Limits (SPEC 3), each checked on the header; see benchmarks/hostile.py for what they bound.
     max_input_pixels: int = 100_000_000
+    # Per axis. Rows are time (libpng decodes one at a time: 50,000,000 rows took 9.5 s) and columns
+    # memory; 30000-wide panoramas pass.
+    max_input_dimension: int = 32_768
+    # Width x bands x bytes per sample. A format that cannot shrink on load (PNG, TIFF) has libvips
+    # hold hundreds of whole rows while it shrinks: a 16-bit RGBA row of 32768 pixels (256 KiB)
+    # peaked at 402 MB, a 16-bit RGB one (192 KiB) at 274 MB.
+    max_input_row_bytes: int = 196_608
+    # What a decoder may hold at once, in bytes, where it holds more than a few rows: a HEIF's coded
+    # planes and RGB (4.5 bytes a pixel at 8 bits, 9 at 16), a GIF's or an animated WebP's RGBA
+    # canvas (4), a progressive JPEG's DCT coefficients (2 a sample), an interlaced PNG's pixels,
+    # a tiled TIFF's rows of tiles. 48 and 50 MP 8-bit phone HEICs (220 and 225 MB) pass.
+    max_decode_buffer_bytes: int = 240_000_000
+    # The render's own deadline: past it, the file is at fault (RENDER_TIME_EXCEEDED, permanent).
+    render_timeout_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +126,10 @@ class _StreamSource:
     libvips sees a failed read only as an early end of file; the error that caused it (a storage
     fault, the byte limit) is what the caller must hear about.
 
-    It also keeps what it reads, until told to keep nothing: an HEVC HEIF is known as one only from
-    its header, after libvips has read from the forward-only stream, and pi-heif then needs the
-    whole file. Kept bytes plus the rest of the stream are that file, read once. Every other format
-    stops keeping after the few bytes that libvips sniffs (an AVIF, after its header).
+    It also keeps what it reads, until told to keep nothing: whether the file is wanted whole is
+    known only from libvips' sniffing of its first bytes, read from the forward-only stream. Kept
+    bytes plus the rest of the stream are that file, read once. Every other format stops keeping
+    after those few bytes.
     """
 
     def __init__(self, stream: Readable) -> None:
@@ -118,7 +157,7 @@ class _StreamSource:
     def keep_nothing(self) -> None:
         self._kept = None
 
-    def read_all(self) -> bytes:
+    def read_all(self) -> bytearray:
         """The whole original: what libvips has read so far, then the rest of the stream."""
         if self._kept is None:
             raise RuntimeError("the bytes read so far were not kept")
@@ -126,11 +165,118 @@ class _StreamSource:
             pass
         if self.error is not None:
             raise self.error
-        data, self._kept = bytes(self._kept), None
+        data, self._kept = self._kept, None
         return data
 
     def fail(self, code: ErrorCode, error: pyvips.Error) -> PhotoError:
         return self.error or PhotoError(code, f"{error.message} {error.detail}".strip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Deadline:
+    """When the render must stop, and what stopping then means.
+
+    Two deadlines, the earlier one wins: the render's own limit (the file's fault, permanent) and
+    the invocation's time left (the moment's, transient: another attempt may have the time).
+    """
+
+    at: float  # time.monotonic()
+    code: ErrorCode
+
+    @classmethod
+    def starting_now(cls, timeout: float, time_budget: float) -> _Deadline:
+        now = time.monotonic()
+        if time_budget < timeout:
+            return cls(now + time_budget, ErrorCode.TIME_BUDGET_EXCEEDED)
+        return cls(now + timeout, ErrorCode.RENDER_TIME_EXCEEDED)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def check(self, step: str) -> None:
+        if self.passed():
+            raise PhotoError(self.code, f"deadline passed {step}")
+
+    @contextmanager
+    def watching(self, image: pyvips.Image, step: str) -> Iterator[None]:
+        """Within the block, libvips stops evaluating `image` once the deadline has passed.
+
+        libvips signals an evaluation's progress after each piece of work; the deadline is checked
+        there and the evaluation killed. A single piece (one tile of a decoder) is not interrupted.
+        """
+
+        def on_eval(evaluated: pyvips.Image, _progress: object) -> None:
+            if self.passed():
+                evaluated.set_kill(True)
+
+        image.set_progress(True)
+        image.signal_connect("eval", on_eval)
+        try:
+            yield
+        except pyvips.Error:
+            # Killed by on_eval, or failed on its own after the deadline: either way, out of time.
+            self.check(step)
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """What a file declares, as read before any pixel: its size and its samples."""
+
+    width: int
+    height: int  # of the first page
+    bands: int
+    sample_bytes: int
+    # What its decoder holds at once, in bytes, where that is more than a few rows: the whole
+    # picture, or rows of tiles.
+    buffer_bytes: int = 0
+
+    @classmethod
+    def of(cls, image: pyvips.Image, loader: str) -> _Header:
+        fields = image.get_fields()
+        interlaced = "interlaced" in fields and bool(image.get("interlaced"))
+        width, height, bands = image.width, image.get_page_height(), image.bands
+        sample_bytes = _SAMPLE_BYTES.get(str(image.format), 8)
+        pixel_bytes: float = 0
+        if loader == "jpegload_source" and interlaced:
+            pixel_bytes = 2 * bands  # a progressive JPEG's DCT coefficients, kept until its last scan
+        elif loader == "gifload_source" or (loader == "webpload_source" and "delay" in fields):
+            pixel_bytes = 4  # an animation's frame, composed on its whole canvas in RGBA
+        elif loader == _HEIF:
+            pixel_bytes = _heif_pixel_bytes(bands, sample_bytes)
+        elif loader == "pngload_source" and interlaced:
+            pixel_bytes = bands * sample_bytes
+        buffer = int(width * height * pixel_bytes)
+        if loader == "tiffload_source" and "tile-height" in fields:
+            # libvips holds about four rows of tiles while it shrinks (measured: 228 MB over the
+            # imports for 512-pixel tiles of 32768-pixel 8-bit rows), and a tile may hold 100 MB.
+            buffer = 4 * width * min(int(image.get("tile-height")), height) * bands * sample_bytes
+        return cls(width, height, bands, sample_bytes, buffer)
+
+    def check(self, options: RenderOptions) -> None:
+        """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED)."""
+        size = f"{self.width}x{self.height}"
+        if self.width * self.height > options.max_input_pixels:
+            raise _exceeded(f"{size} exceeds {options.max_input_pixels} pixels")
+        if max(self.width, self.height) > options.max_input_dimension:
+            raise _exceeded(f"{size} exceeds {options.max_input_dimension} pixels a side")
+        row = self.width * self.bands * self.sample_bytes
+        if row > options.max_input_row_bytes:
+            raise _exceeded(f"{size}: a row of {row} bytes exceeds {options.max_input_row_bytes}")
+        if self.buffer_bytes > options.max_decode_buffer_bytes:
+            raise _exceeded(
+                f"{size}: its decoder would hold {self.buffer_bytes} bytes, over {options.max_decode_buffer_bytes}"
+            )
+
+
+def _heif_pixel_bytes(bands: int, sample_bytes: int, out_sample_bytes: int | None = None) -> float:
+    """What libheif holds a pixel of a HEIF in: its coded planes (4:2:0, as phones code them, 1.5
+    samples a pixel) and the interleaved RGB(A) it converts them to, 8-bit or 16-bit."""
+    return 1.5 * sample_bytes + bands * (out_sample_bytes or sample_bytes)
+
+
+def _exceeded(detail: str) -> PhotoError:
+    return PhotoError(ErrorCode.DIMENSIONS_EXCEEDED, detail)
 
 
 def _loader(stream: _StreamSource) -> str:
@@ -159,14 +305,17 @@ def _fit(options: RenderOptions, convert: bool) -> dict[str, object]:
     }
 
 
-def _browse(stream: _StreamSource, options: RenderOptions, convert: bool) -> pyvips.Image:
-    """libvips decodes the stream once, shrinking on load to the browse size."""
+def _browse(
+    stream: _StreamSource, source: pyvips.Source, options: RenderOptions, convert: bool, deadline: _Deadline
+) -> pyvips.Image:
+    """libvips decodes the original once, shrinking on load to the browse size."""
     try:
         browse = pyvips.Image.thumbnail_source(
-            stream.source, options.browse_size, option_string="fail_on=truncated", **_fit(options, convert)
+            source, options.browse_size, option_string="fail_on=truncated", **_fit(options, convert)
         )
         # Sequential access reads the stream once: materialise the small image before using it twice.
-        browse = browse.copy_memory()
+        with deadline.watching(browse, "decoding"):
+            browse = browse.copy_memory()
     except pyvips.Error as error:
         raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
     if stream.error is not None:
@@ -175,63 +324,125 @@ def _browse(stream: _StreamSource, options: RenderOptions, convert: bool) -> pyv
     return browse
 
 
-def _hevc_browse(stream: _StreamSource, options: RenderOptions) -> pyvips.Image:
+def _hevc_browse(
+    data: bytearray, options: RenderOptions, eight_bit: bool, deadline: _Deadline
+) -> pyvips.Image:
     """pi-heif decodes the whole picture (HEVC has no shrink-on-load); libvips shrinks it."""
-    with heic.decoded(stream.read_all()) as picture:
+    with heic.decoded(data, eight_bit=eight_bit) as picture:
+        deadline.check("after decoding")
         try:
             browse = picture.thumbnail_image(options.browse_size, **_fit(options, _converts(picture)))
-            return browse.copy_memory()
+            with deadline.watching(browse, "shrinking"):
+                return browse.copy_memory()
         except pyvips.Error as error:
             raise PhotoError(ErrorCode.DECODE_FAILED, f"{error.message} {error.detail}".strip()) from None
 
 
-def render(original: Readable, options: RenderOptions) -> Rendered:
-    """Render `thumb` and `browse` WebP variants from a stream of the original."""
+def _heif_header(data: bytearray, source: pyvips.Source) -> tuple[pyvips.Image | None, _Header]:
+    """libvips' header of a HEIF, or pi-heif's where libvips' libheif refuses to read it.
+
+    libvips' libheif refuses files of more than 256 items (its "security limit"), before it says
+    what they are: a 200 MP phone HEIC has about 800 (768 tiles), a 48 MP iPhone portrait with its
+    gain map and mattes about 284. pi-heif's libheif allows its default of 1000: it reads what such a
+    file declares, so that the limits judge it, and decodes it if it is HEVC (an AV1 one it cannot,
+    and says so: DECODE_FAILED). Over 1000 items, both refuse (DECODE_FAILED); no phone comes near.
+    """
+    try:
+        image = pyvips.Image.new_from_source(source, "", access="sequential")
+    except pyvips.Error:
+        declared = heic.header(data)
+        width, height, bands, sample_bytes = (
+            declared.width,
+            declared.height,
+            declared.bands,
+            declared.sample_bytes,
+        )
+        held = width * height * _heif_pixel_bytes(bands, sample_bytes)
+        return None, _Header(width, height, bands, sample_bytes, int(held))
+    return image, _Header.of(image, _HEIF)
+
+
+def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
+    """Render `thumb` and `browse` WebP variants from a stream of the original.
+
+    `time_budget`: the seconds the caller can still give (an invocation's time left); the render
+    stops at that or at `options.render_timeout_seconds`, whichever comes first, with
+    TIME_BUDGET_EXCEEDED (transient) or RENDER_TIME_EXCEEDED (permanent) respectively.
+    """
+    deadline = _Deadline.starting_now(options.render_timeout_seconds, time_budget)
     stream = _StreamSource(original)
     loader = _loader(stream)
-    if loader != _HEIF:
-        stream.keep_nothing()
-    try:
-        header = pyvips.Image.new_from_source(stream.source, "", access="sequential")
-    except pyvips.Error as error:
-        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
-
-    # A decompression bomb is refused on what its header declares, before any pixel is decoded.
-    width, height = header.width, header.get_page_height()
-    if width * height > options.max_input_pixels:
-        raise PhotoError(
-            ErrorCode.DIMENSIONS_EXCEEDED, f"{width}x{height} exceeds {options.max_input_pixels} pixels"
-        )
-    fields = set(header.get_fields())
-    # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
-    if "orientation" in fields and header.get("orientation") in _TRANSPOSING:
-        width, height = height, width
-
-    # Routed by the coding libvips' header names, not by the file's brand: HEVC has no decoder in
-    # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips.
-    if heic.COMPRESSION_FIELD in fields and header.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION:
-        browse, loader = _hevc_browse(stream, options), heic.DECODER
+    source: pyvips.Source = stream.source
+    data = bytearray()
+    if loader in _WHOLE_FILE:
+        data = stream.read_all()
+        frames.first_frame(loader, data)
+        source = pyvips.Source.new_from_memory(data)
     else:
         stream.keep_nothing()
-        browse = _browse(stream, options, _converts(header))
+    deadline.check("after reading")
+
+    header_image: pyvips.Image | None
+    if loader == _HEIF:
+        header_image, header = _heif_header(data, source)
+    else:
+        try:
+            header_image = pyvips.Image.new_from_source(source, "", access="sequential")
+        except pyvips.Error as error:
+            raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+        header = _Header.of(header_image, loader)
+    fields = set(header_image.get_fields()) if header_image is not None else set()
+
+    # Routed by the coding libvips' header names, not by the file's brand: HEVC has no decoder in
+    # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips. A HEIF that
+    # libvips could not read at all goes to pi-heif, which decodes HEVC or says why not.
+    hevc = loader == _HEIF and (
+        header_image is None
+        or (heic.COMPRESSION_FIELD in fields and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION)
+    )
+    # A deep (10 or 12-bit) HEVC picture over the decode buffer limit is decoded at 8 bits by libheif
+    # where that fits: a phone's 48 MP HDR photo renders, a little darker (libheif truncates).
+    eight_bit = hevc and header.sample_bytes > 1 and header.buffer_bytes > options.max_decode_buffer_bytes
+    if eight_bit:
+        held = header.width * header.height * _heif_pixel_bytes(header.bands, header.sample_bytes, 1)
+        header = replace(header, buffer_bytes=int(held))
+    # Bombs of every shape are refused on what the header declares, before any pixel is decoded.
+    header.check(options)
+
+    width, height = header.width, header.height
+    # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
+    if (
+        header_image is not None
+        and "orientation" in fields
+        and header_image.get("orientation") in _TRANSPOSING
+    ):
+        width, height = height, width
+
+    if hevc:
+        browse, loader = _hevc_browse(data, options, eight_bit, deadline), heic.DECODER
+    else:
+        assert header_image is not None  # only a HEIF goes without libvips' header, and to pi-heif
+        browse = _browse(stream, source, options, _converts(header_image), deadline)
     if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
         browse = browse.colourspace("srgb").cast("uchar")
 
     try:
         thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")
         images: tuple[tuple[VariantKind, pyvips.Image], ...] = (("thumb", thumb), ("browse", browse))
-        variants = tuple(
-            RenderedVariant(
-                kind=kind,
-                data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
-                width=image.width,
-                height=image.height,
+        variants = []
+        for kind, image in images:
+            deadline.check(f"before encoding the {kind}")
+            variants.append(
+                RenderedVariant(
+                    kind=kind,
+                    data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
+                    width=image.width,
+                    height=image.height,
+                )
             )
-            for kind, image in images
-        )
         # From the browse already in memory: no second decode, and it is the displayed picture
         # (upright, sRGB, alpha kept).
         shown = thumbhash.placeholder(browse)
     except pyvips.Error as error:
         raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None
-    return Rendered(width=width, height=height, loader=loader, variants=variants, placeholder=shown)
+    return Rendered(width=width, height=height, loader=loader, variants=tuple(variants), placeholder=shown)

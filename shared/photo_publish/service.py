@@ -47,6 +47,10 @@ def render_options(settings: Settings) -> RenderOptions:
         quality=settings.webp_quality,
         effort=settings.webp_effort,
         max_input_pixels=settings.max_input_pixels,
+        max_input_dimension=settings.max_input_dimension,
+        max_input_row_bytes=settings.max_input_row_bytes,
+        max_decode_buffer_bytes=settings.max_decode_buffer_bytes,
+        render_timeout_seconds=settings.render_timeout_seconds,
     )
 
 
@@ -171,7 +175,9 @@ class PhotoService:
         started = time.perf_counter()
         stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
         try:
-            rendered = render(stream, self._options)
+            # libvips is stopped inside its evaluation if the invocation's time runs out first
+            # (TIME_BUDGET_EXCEEDED), or the render's own limit does (RENDER_TIME_EXCEEDED).
+            rendered = render(stream, self._options, time_budget=remaining() - settings.commit_budget_seconds)
         finally:
             stream.close()
         rendered_at = time.perf_counter()

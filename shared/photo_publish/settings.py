@@ -68,6 +68,11 @@ class Settings:
     sweep_after_seconds: int = field(default=600, metadata=_between(0))
     max_input_pixels: int = field(default=100_000_000, metadata=_between(1))
     max_original_bytes: int = field(default=104_857_600, metadata=_between(1))
+    # The render's bounds whatever the file's shape (SPEC 3; see RenderOptions, benchmarks/hostile.py).
+    max_input_dimension: int = field(default=32_768, metadata=_between(1))
+    max_input_row_bytes: int = field(default=196_608, metadata=_between(1))
+    max_decode_buffer_bytes: int = field(default=240_000_000, metadata=_between(1))
+    render_timeout_seconds: float = field(default=30.0, metadata=_between(1))
 
     thumb_size: int = field(default=400, metadata=_between(16))
     browse_size: int = field(default=2048, metadata=_between(16))

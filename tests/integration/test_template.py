@@ -246,6 +246,10 @@ SHARED_NUMBERS = {
     "SWEEP_AFTER_SECONDS": "sweep_after_seconds",
     "MAX_INPUT_PIXELS": "max_input_pixels",
     "MAX_ORIGINAL_BYTES": "max_original_bytes",
+    "MAX_INPUT_DIMENSION": "max_input_dimension",
+    "MAX_INPUT_ROW_BYTES": "max_input_row_bytes",
+    "MAX_DECODE_BUFFER_BYTES": "max_decode_buffer_bytes",
+    "RENDER_TIMEOUT_SECONDS": "render_timeout_seconds",
 }
 # Environment the functions get that is not a Settings field: read by Powertools or glibc.
 # The defaults Settings falls back on, which the template must agree with.
@@ -292,6 +296,9 @@ def test_timing_invariant_process_timeout_stale_after_visibility(stack: Stack) -
     visibility = int(stack.properties("ProcessQueue")["VisibilityTimeout"])
 
     assert timeout < stale < visibility
+    # a render stopped at its own deadline leaves the invocation time to record the failure
+    render = float(stack.function("ProcessFunction")["Environment"]["Variables"]["RENDER_TIMEOUT_SECONDS"])
+    assert render + DEFAULTS["commit_budget_seconds"] < timeout
     assert visibility >= 6 * timeout  # AWS's guidance for an SQS event source
     assert stale == DEFAULTS["stale_after_seconds"]
     # the sweep finishes before its next run; the dead letters outlive the queue's messages

@@ -333,6 +333,8 @@ PERMANENT = {
     ErrorCode.DECODE_FAILED,
     ErrorCode.DIMENSIONS_EXCEEDED,
     ErrorCode.ENCODE_FAILED,
+    # Past the render's own deadline: the file's fault, no attempt renders it faster.
+    ErrorCode.RENDER_TIME_EXCEEDED,
 }
 
 

@@ -20,11 +20,12 @@ import pytest
 import pyvips
 from PIL import Image
 
-from devkit import samples
+from devkit import hostile, samples
 from photo_publish import heic
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.storage import OriginalStream
+from tests import capped
 from tests.readers import FailingReader, webp_chunks
 
 UPRIGHT_NAME = "LadyBird.jpg"
@@ -135,9 +136,9 @@ def decoder_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     calls: list[int] = []
     real = heic.decoded
 
-    def counting(data: bytes) -> object:
+    def counting(data: bytes, **options: bool) -> object:
         calls.append(len(data))
-        return real(data)
+        return real(data, **options)
 
     monkeypatch.setattr(heic, "decoded", counting)
     yield calls
@@ -401,3 +402,152 @@ def test_the_pipeline_imports_pi_heif_only_when_a_heic_arrives() -> None:
 
     # THEN pi-heif (25 ms and Pillow) was imported for the HEIC only, not at cold start
     assert result.returncode == 0, result.stderr
+
+
+# --- Files libvips' libheif refuses to read, and files too large to decode whole (SPEC 3) -------------
+
+
+@pytest.fixture(scope="module")
+def tile() -> hostile.CodedPicture:
+    """A real HEVC picture of 128 x 128 (pillow-heif), for the hand-built layouts below to repeat."""
+    return hostile.coded_picture(samples.heic(samples.photograph().crop(0, 0, 128, 128), tile_size=0))
+
+
+@pytest.fixture(scope="module")
+def big_tile() -> hostile.CodedPicture:
+    """The same at 512 x 512: a phone's tile size."""
+    return hostile.coded_picture(samples.heic(samples.photograph().crop(0, 0, 512, 512), tile_size=0))
+
+
+def libvips_reads(data: bytes) -> bool:
+    try:
+        header(data)
+    except pyvips.Error:
+        return False
+    return True
+
+
+def test_a_heic_of_more_items_than_libvips_reads_renders(upright: pyvips.Image) -> None:
+    # GIVEN a real HEIC of 1600 x 1200 coded in 64 x 64 tiles by pillow-heif: 475 tiles, so 477 items
+    # with its grid and EXIF, over the 256 items that libvips' libheif reads
+    picture = upright.crop(0, 0, 1600, 1200)
+    data = samples.heic(picture, tile_size=64)
+    assert not libvips_reads(data)
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN pi-heif read and decoded it: the picture, at its size (measured 2.0)
+    assert rendered.loader == "pi_heif"
+    assert (rendered.width, rendered.height) == (1600, 1200)
+    assert mean_difference(decoded(rendered, "browse"), picture) < TOLERANCE
+
+
+# Phone layouts, item for item (tiles of 512 x 512 pixels in the phones' files; here 128 x 128, so
+# that the pictures stay small while the item counts are the phones'): the primary grid, the HDR
+# gain map's grid, portrait mattes' grids, a thumbnail, EXIF and XMP.
+GAIN_MAP = "urn:com:apple:photo:2020:aux:hdrgainmap"
+MATTE = "urn:com:apple:photo:2019:aux:semanticskinmatte"
+
+
+@pytest.mark.parametrize(
+    ("mattes", "items", "read_by_libvips"),
+    [pytest.param(0, 245, True, id="iphone-48mp"), pytest.param(3, 284, False, id="iphone-48mp-portrait")],
+)
+def test_an_iphone_48mp_layout_renders_whatever_its_item_count(
+    tile: hostile.CodedPicture, mattes: int, items: int, read_by_libvips: bool
+) -> None:
+    # GIVEN the layout of a 48 MP iPhone HEIC (8064 x 6048: 16 x 12 tiles) with its gain map (8 x 6
+    # tiles), thumbnail, EXIF and XMP: 245 items; a portrait adds mattes (4 x 3 tiles each): 284
+    auxiliary = (hostile.Grid(tile, 8, 6, (1008, 756), GAIN_MAP),) + (
+        hostile.Grid(tile, 4, 3, (504, 378), MATTE),
+    ) * mattes
+    data = hostile.heif(
+        hostile.Grid(tile, 16, 12, (2016, 1512)), auxiliary=auxiliary, thumbnail=tile, metadata_items=2
+    )
+    assert data.count(b"infe") == items
+    assert libvips_reads(data) is read_by_libvips
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN it renders at its size, whether libvips could read it or not
+    assert rendered.loader == "pi_heif"
+    assert (rendered.width, rendered.height) == (2016, 1512)
+    assert_plain_srgb(rendered)
+
+
+def test_a_200mp_phone_heic_is_refused_for_its_size_not_reported_as_corrupt(
+    big_tile: hostile.CodedPicture, decoder_calls: list[int]
+) -> None:
+    # GIVEN the layout of a 200 MP phone HEIC: 12240 x 16320 pixels in 24 x 32 tiles of 512 x 512,
+    # a thumbnail and metadata, 772 items, which libvips cannot read
+    data = hostile.heif(hostile.Grid(big_tile, 24, 32, (12240, 16320)), thumbnail=big_tile, metadata_items=2)
+    assert not libvips_reads(data)
+
+    # WHEN it is rendered
+    started = time.monotonic()
+    with pytest.raises(PhotoError) as raised:
+        render_bytes(data)
+
+    # THEN it is refused for its dimensions (over the 100 MP limit), from what it declares, quickly
+    # and without decoding a pixel: not DECODE_FAILED, which tells the user the file is broken
+    assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
+    assert decoder_calls == []
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize("tile_size", [1024, 512], ids=["read-by-libvips", "read-by-pi-heif"])
+def test_a_heic_too_large_to_decode_whole_is_refused_from_its_header(
+    upright: pyvips.Image, tile_size: int
+) -> None:
+    # GIVEN a HEIC of 9000 x 9000 pixels (81 MP, under the pixel limit), whose decode would hold about
+    # 4.5 bytes a pixel at once, 365 MB: in 9 x 9 tiles of 1024 (83 items, read by libvips), or in
+    # 18 x 18 tiles of 512 (325 items, over what libvips reads)
+    one = hostile.coded_picture(samples.heic(upright.crop(0, 0, tile_size, tile_size), tile_size=0))
+    across = -(-9000 // tile_size)
+    data = hostile.heif(hostile.Grid(one, across, across, (9000, 9000)))
+    assert libvips_reads(data) is (tile_size == 1024)
+
+    # WHEN it is rendered (in a child process under a memory cap)
+    outcome = capped.render(data)
+
+    # THEN it is refused for its dimensions
+    assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+
+
+@pytest.fixture
+def decode_options(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, bool]]]:
+    """The options each call to pi-heif's decode was given (the real decoder, only watched)."""
+    calls: list[dict[str, bool]] = []
+    real = heic.decoded
+
+    def watching(data: bytes, **options: bool) -> object:
+        calls.append(options)
+        return real(data, **options)
+
+    monkeypatch.setattr(heic, "decoded", watching)
+    yield calls
+
+
+def test_a_deep_heic_too_large_for_16_bits_is_decoded_at_8(
+    upright: pyvips.Image, decode_options: list[dict[str, bool]]
+) -> None:
+    # GIVEN a 10-bit HEIC, and a whole-decode limit between what libheif holds decoding it to 8 bits
+    # (its 10-bit planes, 3 bytes a pixel, and 8-bit RGB, 3) and to 16 bits (planes and 6), as a
+    # phone's 40 MP HDR photo is against the default limit
+    data = samples.heic(upright, profile="p3", bits=10)
+    pixels = UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1]
+    options = RenderOptions(max_decode_buffer_bytes=pixels * 15 // 2)
+
+    # WHEN it is rendered
+    rendered = render_bytes(data, options)
+
+    # THEN libheif reduced it to 8 bits, and it is the photograph (measured 1.9)
+    assert decode_options == [{"eight_bit": True}]
+    assert mean_difference(decoded(rendered, "browse"), upright.thumbnail_image(BROWSE_SIZE[0])) < TOLERANCE
+    # AND with a limit under even that, it is refused before decoding
+    with pytest.raises(PhotoError) as raised:
+        render_bytes(data, RenderOptions(max_decode_buffer_bytes=pixels * 6 - 1))
+    assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
+    assert len(decode_options) == 1

@@ -8,6 +8,7 @@ Lanczos downsizing of the same photo by about 1.9, so tolerances sit a little ab
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import struct
 import time
@@ -16,11 +17,13 @@ import pytest
 import pyvips
 from PIL import Image, ImageCms
 
-from devkit import samples
+from devkit import hostile, samples
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.settings import Settings
 from photo_publish.storage import OriginalStream
 from photo_publish.thumbhash import thumbhash_to_rgba
+from tests import capped
 from tests.readers import FailingReader, webp_chunks
 
 UPRIGHT_NAME = "LadyBird.jpg"
@@ -524,3 +527,220 @@ def test_a_transparent_png_keeps_its_alpha_in_the_placeholder(alpha_png: bytes) 
     # THEN some of it is transparent, as the picture is
     alphas = small.rgba[3::4]
     assert min(alphas) < 128 < max(alphas)
+
+
+# --- Every shape bounded (SPEC 3): memory and time from what the header declares -----------------
+# These inputs are built to cost gigabytes or minutes: each renders in a child process under a
+# memory cap (tests/capped.py), so a bomb that is not refused costs the child, not the test run.
+
+SHAPE_BOMBS = {
+    # Under the pixel limit, and measured before the per-axis limit: 1.85 GB, 4.3 GB, 13.5 GB and
+    # 48 s, 2.07 GB (PNG and TIFF cannot shrink on load: libvips holds whole rows); the tall one
+    # 9.5 s, one libpng row at a time.
+    "png-1000000x100": lambda: hostile.png(1_000_000, 100),
+    "png-4000000x10": lambda: hostile.png(4_000_000, 10),
+    "png-10000000x10-16bit": lambda: hostile.png(10_000_000, 10, bits=16),
+    "tiff-4000000x10": lambda: hostile.tiff(4_000_000, 10),
+    "png-2x50000000-16bit-alpha": lambda: hostile.png(2, 50_000_000, bits=16, bands=4),
+}
+
+
+@pytest.mark.parametrize("name", SHAPE_BOMBS)
+def test_a_shape_bomb_under_the_pixel_limit_is_refused_from_its_header(name: str) -> None:
+    # GIVEN a file of a few hundred KB whose picture is under 100 MP but extremely long or wide
+    data = SHAPE_BOMBS[name]()
+    assert len(data) < 1_000_000
+
+    # WHEN it is rendered
+    outcome = capped.render(data)
+
+    # THEN it is refused for its dimensions, from its header: little of it was read
+    assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+    assert outcome.bytes_read <= max(256 * 1024, len(data) if name.startswith("tiff") else 0)
+
+
+@pytest.mark.parametrize("size", [(30000, 3000), (3000, 30000)], ids=["wide", "tall"])
+def test_a_panorama_within_the_limits_renders(size: tuple[int, int]) -> None:
+    # GIVEN a 90 MP panorama, 30000 pixels long (the benchmarks' 30000 x 20000 PNG is as wide)
+    data = hostile.png(*size)
+
+    # WHEN it is rendered
+    outcome = capped.render(data)
+
+    # THEN it renders at its size
+    assert (outcome.code, outcome.size) == (None, size)
+
+
+@pytest.mark.parametrize(("bands", "code"), [(3, None), (4, "DIMENSIONS_EXCEEDED")], ids=["rgb", "rgba"])
+def test_a_row_is_bounded_in_bytes_not_only_in_pixels(bands: int, code: str | None) -> None:
+    # GIVEN two 16-bit PNGs 32768 pixels wide (the per-axis limit): RGB, a 192 KiB row, and RGBA,
+    # 256 KiB, whose rows libvips holds by the hundred when it cannot shrink on load
+    data = hostile.png(32768, 64, bits=16, bands=bands)
+
+    # WHEN they are rendered
+    outcome = capped.render(data)
+
+    # THEN the RGB one renders and the RGBA one is refused from its header
+    assert outcome.code == code, outcome
+
+
+BUFFER_BOMBS = {
+    # Adam7 interlacing: libvips decodes the whole picture before the first row (measured 893 MB).
+    "png-interlaced-10000x10000-16bit-alpha": lambda: hostile.png(
+        10000, 10000, bits=16, bands=4, interlaced=True
+    ),
+    # A progressive JPEG's decoder holds every DCT coefficient (2 bytes a sample) until its last scan
+    # (measured: 48 MP at 4:4:4, 367 MB); this header declares 8000 x 6000 over a tiny picture.
+    "jpeg-progressive-declaring-8000x6000": lambda: hostile.with_jpeg_size(
+        bytes(pyvips.Image.black(64, 64, bands=3).jpegsave_buffer(interlace=True, subsample_mode="off")),
+        (8000, 6000),
+    ),
+    # libvips caches two rows of a tiled TIFF's tiles, and a tile may hold 100 MB (measured: 451 MB).
+    "tiff-11520x8640-in-tiles-of-5760": lambda: hostile.tiff(11520, 8640, tile=(5760, 5760)),
+    # A GIF frame is decoded whole, 4 bytes a pixel, whatever the file holds: here nothing at all.
+    "gif-frame-10000x10000": lambda: hostile.gif((10000, 10000), (10000, 10000), coded=False),
+}
+
+
+@pytest.mark.parametrize("name", BUFFER_BOMBS)
+def test_what_a_decoder_holds_at_once_is_bounded_from_the_header(name: str) -> None:
+    # GIVEN a file under the pixel limit, of a kind its decoder holds whole in memory (or in big tiles)
+    data = BUFFER_BOMBS[name]()
+
+    # WHEN it is rendered
+    outcome = capped.render(data)
+
+    # THEN it is refused for its dimensions
+    assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+
+
+def test_an_interlaced_png_within_the_lower_limit_renders(upright: pyvips.Image) -> None:
+    # GIVEN the photograph as an interlaced (Adam7) PNG
+    data = bytes(upright.pngsave_buffer(interlace=True))
+    assert pyvips.Image.new_from_buffer(data, "").get("interlaced") == 1
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN it renders like any photo
+    assert (rendered.width, rendered.height) == UPRIGHT_SIZE
+    assert_plain_srgb(rendered)
+
+
+MANY_FRAMES = {
+    # libwebp's demuxer walks its frame list from the start for every frame: 30,000 frames took
+    # 6.6 s, 100,000 frames 51 s, for a 4.6 MB file.
+    "webp-100000-frames": lambda: hostile.animated_webp(
+        (64, 64), bytes(pyvips.Image.black(1, 1, bands=3).webpsave_buffer(lossless=True)), frames=100_000
+    ),
+    # libvips reads every page's directory to count them: 100,000 pages took 6.6 s.
+    "tiff-100000-pages": lambda: hostile.tiff(64, 64, pages=100_000),
+}
+
+
+@pytest.mark.parametrize("name", MANY_FRAMES)
+def test_an_animation_or_multi_page_file_costs_its_first_frame_not_its_frame_count(name: str) -> None:
+    # GIVEN a file of 100,000 tiny frames or pages
+    data = MANY_FRAMES[name]()
+
+    # WHEN it is rendered
+    outcome = capped.render(data, timeout=60)
+
+    # THEN its first frame renders, in about the time of a one-frame file (well under a second here)
+    assert (outcome.code, outcome.size) == (None, (64, 64)), outcome
+    assert outcome.seconds < 3
+
+
+def test_a_multi_page_tiff_renders_its_first_page(upright: pyvips.Image) -> None:
+    # GIVEN a 3-page TIFF: the photograph, then its negative twice
+    small = upright.thumbnail_image(320)
+    pages = pyvips.Image.arrayjoin([small, small.invert(), small.invert()], across=1).copy()
+    pages.set_type(pyvips.GValue.gint_type, "page-height", small.height)
+    data = bytes(pages.tiffsave_buffer())
+    assert pyvips.Image.new_from_buffer(data, "").get("n-pages") == 3
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN it shows the first page (measured 2.8 at this size), not a strip of all three or another
+    # page (the negative: about 110)
+    assert (rendered.width, rendered.height) == (small.width, small.height)
+    browse = decoded(rendered, "browse")
+    assert mean_difference(browse, small) < 4
+    assert mean_difference(browse, small.invert()) > 50
+
+
+def test_an_animated_webp_renders_its_first_frame_only(upright: pyvips.Image) -> None:
+    # GIVEN a 3-frame animated WebP with EXIF: the photograph, then its negative twice
+    small = upright.thumbnail_image(320)
+    strip = pyvips.Image.arrayjoin([small, small.invert(), small.invert()], across=1).copy()
+    strip.set_type(pyvips.GValue.gint_type, "page-height", small.height)
+    strip.set_type(pyvips.GValue.array_int_type, "delay", [100] * 3)
+    strip.set_type(pyvips.GValue.blob_type, "exif-data", samples.photograph("Wood.jpg").get("exif-data"))
+    data = bytes(strip.webpsave_buffer(Q=90, keep="exif"))
+    # (libwebp merges the two identical negatives into one frame of twice the duration)
+    assert pyvips.Image.new_from_buffer(data, "").get("n-pages") == 2
+    assert b"EXIF" in data
+
+    # WHEN it is rendered
+    rendered = render_bytes(data)
+
+    # THEN it shows the first frame (measured 1.8), not a strip of three or the negative (about 110)
+    assert (rendered.width, rendered.height) == (small.width, small.height)
+    browse = decoded(rendered, "browse")
+    assert mean_difference(browse, small) < 4
+    assert mean_difference(browse, small.invert()) > 50
+
+
+# --- The render deadline, enforced inside libvips ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_tiff() -> bytes:
+    """A 100 MP float TIFF of 1.5 MB: libvips takes about 3 s to shrink it, in many strips."""
+    return hostile.tiff(8192, 12207, bits=32, bands=4, sample_format="float")
+
+
+@pytest.mark.parametrize(
+    ("budget", "timeout", "code"),
+    [
+        pytest.param(0.3, 60.0, ErrorCode.TIME_BUDGET_EXCEEDED, id="the-invocation's-time"),
+        pytest.param(60.0, 0.3, ErrorCode.RENDER_TIME_EXCEEDED, id="the-render's-own-limit"),
+    ],
+)
+def test_a_render_past_its_deadline_is_stopped_inside_libvips(
+    slow_tiff: bytes, budget: float, timeout: float, code: ErrorCode
+) -> None:
+    # GIVEN a file whose render takes seconds, and a deadline 0.3 s away: the invocation's
+    # remaining time, or the render's own limit (RENDER_TIMEOUT_SECONDS), whichever comes first
+    options = RenderOptions(render_timeout_seconds=timeout)
+
+    # WHEN it is rendered
+    started = time.monotonic()
+    with pytest.raises(PhotoError) as raised:
+        render(io.BytesIO(slow_tiff), options, time_budget=budget)
+    elapsed = time.monotonic() - started
+
+    # THEN libvips was stopped soon after the deadline, not at the end of its work ...
+    assert elapsed < 1.5
+    # ... with the code of the deadline that passed: the moment's (transient, retried later) or the
+    # file's (permanent: no attempt will be faster)
+    assert raised.value.code is code
+    assert raised.value.permanent is (code is ErrorCode.RENDER_TIME_EXCEEDED)
+
+
+def test_the_render_limits_default_to_the_settings_defaults() -> None:
+    # GIVEN the limits a render takes, and the settings the functions read (SPEC 11)
+    settings = {spec.name: spec.default for spec in dataclasses.fields(Settings)}
+    limits = [spec for spec in dataclasses.fields(RenderOptions) if spec.name in settings]
+
+    # THEN each has the same default in both, so a render built with defaults renders as deployed
+    assert {spec.name for spec in limits} >= {
+        "max_input_pixels",
+        "max_input_dimension",
+        "max_input_row_bytes",
+        "max_decode_buffer_bytes",
+        "render_timeout_seconds",
+    }
+    for spec in limits:
+        assert spec.default == settings[spec.name], spec.name

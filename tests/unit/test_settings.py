@@ -24,6 +24,7 @@ SPEC_DEFAULTS = {
     "SWEEP_AFTER_SECONDS": 600,
     "MAX_INPUT_PIXELS": 100_000_000,
     "MAX_ORIGINAL_BYTES": 104_857_600,
+    "MAX_INPUT_DIMENSION": 32_768,
 }
 
 
@@ -315,3 +316,32 @@ def test_verifying_the_database_server_needs_its_ca_bundle(mode: str) -> None:
 def test_a_tls_mode_that_does_not_encrypt_is_refused() -> None:
     with pytest.raises(InvalidSettings, match="DB_SSLMODE must match"):
         Settings.from_env(REQUIRED | {"DB_SSLMODE": "prefer"})
+
+
+def test_the_render_gets_every_limit_the_settings_give() -> None:
+    # GIVEN settings whose every render limit differs from the pipeline's own default
+    from dataclasses import fields
+
+    from photo_publish.pipeline import RenderOptions
+    from photo_publish.service import render_options
+
+    defaults = RenderOptions()
+    environ = REQUIRED | {
+        "THUMB_SIZE": "320",
+        "BROWSE_SIZE": "1600",
+        "WEBP_QUALITY": "75",
+        "WEBP_EFFORT": "3",
+        "MAX_INPUT_PIXELS": "50000000",
+        "MAX_INPUT_DIMENSION": "20000",
+        "MAX_INPUT_ROW_BYTES": "100000",
+        "MAX_DECODE_BUFFER_BYTES": "120000000",
+        "RENDER_TIMEOUT_SECONDS": "12",
+    }
+
+    # WHEN the service builds the pipeline's options from them
+    options = render_options(Settings.from_env(environ))
+
+    # THEN not one option is left at the pipeline's default
+    assert [
+        f.name for f in fields(RenderOptions) if getattr(options, f.name) == getattr(defaults, f.name)
+    ] == []
