@@ -164,12 +164,19 @@ class RecordingQueue:
         self.jobs: list[UUID] = []
         self.dead_letters: list[tuple[UUID, int, ErrorCode]] = []
 
+    def depth(self) -> int:
+        return 0
+
     def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]:
         self.jobs.extend(photo_ids)
         return []
 
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> None:
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool:
         self.dead_letters.append((photo_id, attempt, code))
+        return True
+
+    def delete_variants(self, keys: Sequence[str]) -> list[str]:
+        return list(keys)
 
 
 @dataclass
@@ -280,7 +287,7 @@ def measure(engine: Engine, settings: Settings, size: int) -> Measured:
     for round_ in range(ROUNDS + 1):
         reset(engine)
         queue = RecordingQueue()
-        sweeper = Sweeper(engine, queue, settings)
+        sweeper = Sweeper(engine, queue, settings, store=queue)
         # As timeit does: no garbage collection of this process inside a timed run (a full one
         # takes ~0.1 s here, more than a whole run), one between runs instead.
         gc.collect()

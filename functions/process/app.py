@@ -9,6 +9,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from photo_publish import bootstrap
+from photo_publish.errors import PhotoError
 from photo_publish.events import is_s3_event
 from photo_publish.observability import logger, metrics
 
@@ -30,6 +31,12 @@ def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if not event.get("Records"):
         return {"batchItemFailures": []}
+    try:
+        # A recipe that differs from its version's recorded one fails the invocation, loudly.
+        bootstrap.delivery(metrics).ensure_recipe()
+    except PhotoError as error:
+        # The database is unreachable: each record finds out, and comes back after its backoff.
+        logger.warning("recipe not checked", error_code=error.code)
     if is_s3_event(event):
         results = bootstrap.delivery(metrics).s3_records(
             event["Records"], remaining=lambda: context.get_remaining_time_in_millis() / 1000

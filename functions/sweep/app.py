@@ -17,6 +17,15 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     summary = bootstrap.sweeper().run(lambda: context.get_remaining_time_in_millis() / 1000)
     result = summary.as_dict()
     logger.info("sweep finished", **result)
-    for name in ("resentPending", "resentStale", "workerLost", "deadLettersSent", "sendFailed"):
+    for name in (
+        "resentPending",
+        "resentStale",
+        "workerLost",
+        "deadLettersSent",
+        "sendFailed",
+        "backfillSent",
+        "backfillLeft",
+        "retiredDeleted",
+    ):
         metrics.add_metric(name=f"Sweep_{name}", unit=MetricUnit.Count, value=int(result[name]))
     return result

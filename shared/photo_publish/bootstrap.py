@@ -136,9 +136,11 @@ def batch_processor() -> ConcurrentBatchProcessor:
 
 @_Once
 def sweeper() -> Sweeper:
+    from photo_publish.storage import S3Store
     from photo_publish.sweep import Sweeper
 
-    return Sweeper(engine(), queue(), settings())
+    config = settings()
+    return Sweeper(engine(), queue(), config, store=S3Store(s3_client(), config.photo_bucket))
 
 
 def reset() -> None:

@@ -13,6 +13,8 @@ from typing import Any, Literal, Self
 from uuid import UUID
 
 PHOTO_PUBLISHED = "photo.published"
+# A published photo's variants re-rendered at a newer recipe (SPEC 14): the same payload.
+PHOTO_VARIANTS_UPDATED = "photo.variants_updated"
 
 
 class InvalidPayload(ValueError):

@@ -56,6 +56,9 @@ class Delivery:
         # Powertools' metric set is a plain dict: records finishing together must not interleave.
         self._metrics_lock = threading.Lock()
 
+    def ensure_recipe(self) -> None:
+        self._service.ensure_recipe()
+
     def sqs_record(
         self,
         *,

@@ -51,6 +51,8 @@ class Photo(Base):
     # The published picture's placeholder (migration 0006): base64 ThumbHash and "#rrggbb".
     thumbhash: Mapped[str | None]
     average_color: Mapped[str | None]
+    # The recipe version of its published variants (migration 0007).
+    variant_version: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
@@ -84,6 +86,12 @@ class PhotoJob(Base):
             postgresql_where=text("status = 'pending'"),
         ),
         Index("photo_jobs_active_claimed_idx", "claimed_at", postgresql_where=text("status = 'active'")),
+        # Published photos marked for a re-render that the sweep has not sent yet (migration 0007).
+        Index(
+            "photo_jobs_rerender_idx",
+            "photo_id",
+            postgresql_where=text("rerender_to IS NOT NULL AND status = 'done'"),
+        ),
         # Dead letters owed (migration 0003): the sweep finds them without reading finished jobs.
         Index(
             "photo_jobs_dead_letter_owed_idx",
@@ -105,8 +113,33 @@ class PhotoJob(Base):
     # text order is upload order, and its eTag).
     upload_sequencer: Mapped[str | None]
     upload_etag: Mapped[str | None]
+    # A backfill's mark: re-render the published photo at this recipe version (SPEC 14).
+    rerender_to: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class VariantRecipe(Base):
+    """What VARIANT_VERSION `version` means: the fingerprint of everything that decides the bytes."""
+
+    __tablename__ = "variant_recipes"
+    __table_args__ = (CheckConstraint("version >= 1", name="variant_recipes_version_check"),)
+
+    version: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    fingerprint: Mapped[str]
+    recipe: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class RetiredVariant(Base):
+    """A replaced version's object, deleted by the sweep once `delete_after` has passed."""
+
+    __tablename__ = "retired_variants"
+    __table_args__ = (Index("retired_variants_due_idx", "delete_after"),)
+
+    storage_key: Mapped[str] = mapped_column(primary_key=True)
+    photo_id: Mapped[UUID]
+    delete_after: Mapped[datetime]
 
 
 class OutboxEvent(Base):

@@ -1,11 +1,15 @@
-"""The operator's commands (SPEC 5): `retry` failed photos, `redrive` the dead-letter queue.
+"""The operator's commands: `retry` failed photos, `redrive` the dead-letter queue (SPEC 5), and
+`rerender` published photos at the current recipe (SPEC 14).
 
     python -m photo_publish.operator retry PHOTO_ID [PHOTO_ID ...]
     python -m photo_publish.operator retry --all
     python -m photo_publish.operator redrive [--move-task]
+    python -m photo_publish.operator rerender --all | --album ALBUM_ID | PHOTO_ID ... [--dry-run]
+    python -m photo_publish.operator rerender --stop
 
-Both read the functions' environment (DATABASE_URL or DB_SECRET_ARN + DB_HOST, PROCESS_QUEUE_URL,
-DEAD_LETTER_QUEUE_URL, ...). Either way, each photo gets exactly one job message.
+All read the functions' environment (DATABASE_URL or DB_SECRET_ARN + DB_HOST, PROCESS_QUEUE_URL,
+DEAD_LETTER_QUEUE_URL, VARIANT_VERSION and the recipe's settings, ...). `retry` and `redrive` give
+each photo exactly one job message; `rerender` marks photos for the sweep to send, a few at a time.
 """
 
 from __future__ import annotations
@@ -229,7 +233,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     redrive_cmd.add_argument(
         "--move-task", action="store_true", help="move messages back with StartMessageMoveTask"
     )
+    rerender_cmd = commands.add_parser("rerender", help="re-render published photos at VARIANT_VERSION")
+    rerender_cmd.add_argument("photo_ids", nargs="*", type=UUID)
+    rerender_cmd.add_argument("--all", action="store_true", help="every published photo below the version")
+    rerender_cmd.add_argument("--album", type=UUID, help="one album's published photos")
+    rerender_cmd.add_argument("--dry-run", action="store_true", help="count, estimated render time and cost")
+    rerender_cmd.add_argument("--stop", action="store_true", help="clear the marks not sent yet")
     args = parser.parse_args(argv)
+
+    if args.command == "rerender":
+        print(json.dumps(_rerender(parser, args, bootstrap.engine(), bootstrap.settings())))
+        return
 
     if args.command == "retry":
         if not args.photo_ids and not args.all:
@@ -250,6 +264,26 @@ def main(argv: Sequence[str] | None = None) -> None:
                 }
             )
         )
+
+
+def _rerender(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, engine: Engine, settings: Settings
+) -> dict[str, Any]:
+    from photo_publish import backfill
+    from photo_publish.recipes import Recipe
+    from photo_publish.repository import PhotoRepository
+
+    if args.stop:
+        return {"stopped": backfill.stop(engine)}
+    if not (args.all or args.album or args.photo_ids):
+        parser.error("name photo ids, --album, or --all")
+    selection = backfill.Selection(photo_ids=args.photo_ids or None, album_id=args.album)
+    version = settings.variant_version
+    if args.dry_run:
+        return {"version": version} | backfill.estimate(engine, version, selection).as_dict()
+    # The version is the functions' recipe, or the backfill is refused before anything is marked.
+    PhotoRepository(engine).ensure_recipe(version, Recipe.from_settings(settings))
+    return {"version": version, "marked": backfill.mark(engine, version, selection)}
 
 
 if __name__ == "__main__":

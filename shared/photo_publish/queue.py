@@ -41,6 +41,13 @@ class SqsQueue:
             VisibilityTimeout=min(max(round(seconds), 0), MAX_VISIBILITY_SECONDS),
         )
 
+    def depth(self) -> int:
+        """Messages waiting in the process queue (visible, so not yet worked on)."""
+        attributes = self._client.get_queue_attributes(
+            QueueUrl=self._queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"])
+
     def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None:
         self.send(job_body(photo_id), delay_seconds)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import Engine, Text, and_, case, false, func, literal, not_, or_, select, update
@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from photo_publish.contracts import (
     PHOTO_PUBLISHED,
+    PHOTO_VARIANTS_UPDATED,
     PhotoPublishedPayload,
     Placeholder,
     PublishedVariants,
@@ -29,7 +30,8 @@ from photo_publish.contracts import (
 )
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import Upload
-from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant, VariantRecipe
+from photo_publish.recipes import Recipe, mismatch
 
 # A second's tolerance for the clocks of the queue and the database (SPEC 5).
 CLOCK_TOLERANCE = timedelta(seconds=1)
@@ -44,6 +46,9 @@ class PhotoRow:
     album_id: UUID
     original_key: str
     processing_state: str
+    # The recipe version of its published variants, and a backfill's mark on its job.
+    variant_version: int | None = None
+    rerender_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +95,7 @@ class StoredVariant:
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    outcome: Literal["published", "already", "skipped", "superseded"]
+    outcome: Literal["published", "rerendered", "already", "skipped", "superseded"]
     payload: PhotoPublishedPayload | None = None
 
 
@@ -111,12 +116,35 @@ class PhotoRepository:
                 ErrorCode.DATABASE_UNAVAILABLE, type(getattr(error, "orig", error)).__name__
             ) from error
 
+    def ensure_recipe(self, version: int, recipe: Recipe) -> None:
+        """Record `version` as `recipe` if it is new; raise RecipeMismatch if it is another's."""
+        with self._transaction() as session:
+            session.execute(
+                insert(VariantRecipe)
+                .values(version=version, fingerprint=recipe.fingerprint, recipe=asdict(recipe))
+                .on_conflict_do_nothing(index_elements=[VariantRecipe.version])
+            )
+            recorded = session.execute(
+                select(VariantRecipe.fingerprint, VariantRecipe.recipe).where(
+                    VariantRecipe.version == version
+                )
+            ).one()
+        if refusal := mismatch(version, recorded.fingerprint, recorded.recipe, recipe):
+            raise refusal
+
     def get_photo(self, photo_id: UUID) -> PhotoRow | None:
         with self._transaction() as session:
             row = session.execute(
-                select(Photo.id, Photo.album_id, Photo.original_key, Photo.processing_state).where(
-                    Photo.id == photo_id
+                select(
+                    Photo.id,
+                    Photo.album_id,
+                    Photo.original_key,
+                    Photo.processing_state,
+                    Photo.variant_version,
+                    PhotoJob.rerender_to,
                 )
+                .outerjoin(PhotoJob, PhotoJob.photo_id == Photo.id)
+                .where(Photo.id == photo_id)
             ).one_or_none()
         return None if row is None else PhotoRow(*row)
 
@@ -212,7 +240,7 @@ class PhotoRepository:
             session.execute(
                 update(PhotoJob)
                 .where(PhotoJob.photo_id == photo_id, PhotoJob.status != "done")
-                .values(status="done", next_retry_at=None, updated_at=func.now())
+                .values(status="done", next_retry_at=None, rerender_to=None, updated_at=func.now())
             )
 
     def publish(
@@ -233,9 +261,9 @@ class PhotoRepository:
         order every transaction here takes them in).
         """
         with self._transaction() as session:
-            if not self._finish_job(session, photo_id, attempt, "done"):
-                exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
-                return PublishResult("superseded" if exists else "skipped")
+            # Done, and no re-render owed: the variants are at the version this worker renders.
+            if not self._finish_job(session, photo_id, attempt, "done", rerender_to=None):
+                return PublishResult(self._superseded_or_skipped(session, photo_id))
             published = session.execute(
                 update(Photo)
                 .where(Photo.id == photo_id, Photo.processing_state.in_(("uploaded", "processing_failed")))
@@ -243,85 +271,187 @@ class PhotoRepository:
                     processing_state="ready",
                     visibility="published",
                     published_at=func.now(),
-                    width=width,
-                    height=height,
                     error_code=None,
-                    entity_version=Photo.entity_version + 1,
-                    thumbhash=placeholder.thumbhash,
-                    average_color=placeholder.average_color,
-                    updated_at=func.now(),
+                    **_rendition(width, height, variant_version, placeholder),
                 )
                 .returning(Photo.album_id, Photo.entity_version, Photo.published_at)
                 .execution_options(synchronize_session=False)
             ).one_or_none()
-
             if published is None:
                 # Zero rows: published already (by a worker of an earlier claim), or deleted.
                 exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
                 return PublishResult("already" if exists else "skipped")
-
-            album_id, entity_version, published_at = published
-            assert published_at is not None  # set by the UPDATE above
-            stmt = insert(PhotoVariant).values(
-                [
-                    {
-                        "photo_id": photo_id,
-                        "kind": v.kind,
-                        "storage_key": v.key,
-                        "width": v.width,
-                        "height": v.height,
-                        "bytes": v.size,
-                        "content_type": v.content_type,
-                        "variant_version": variant_version,
-                    }
-                    for v in variants
-                ]
-            )
-            session.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[PhotoVariant.photo_id, PhotoVariant.kind],
-                    set_={
-                        "storage_key": stmt.excluded.storage_key,
-                        "width": stmt.excluded.width,
-                        "height": stmt.excluded.height,
-                        "bytes": stmt.excluded.bytes,
-                        "content_type": stmt.excluded.content_type,
-                        "variant_version": stmt.excluded.variant_version,
-                        "updated_at": func.now(),
-                    },
-                )
-            )
-            refs = {
-                v.kind: VariantRef(
-                    key=v.key, width=v.width, height=v.height, size=v.size, content_type=v.content_type
-                )
-                for v in variants
-            }
-            payload = PhotoPublishedPayload(
-                photo_id=photo_id,
-                album_id=album_id,
-                entity_version=entity_version,
-                published_at=published_at,
+            self._store_variants(session, photo_id, variants, variant_version)
+            payload = self._append_event(
+                session,
+                PHOTO_PUBLISHED,
+                photo_id,
+                published,
                 width=width,
                 height=height,
-                variants=PublishedVariants(**refs),
+                variants=variants,
                 placeholder=placeholder,
-            )
-            session.add(
-                OutboxEvent(
-                    aggregate_type="photo",
-                    aggregate_id=photo_id,
-                    event_type=PHOTO_PUBLISHED,
-                    payload=payload.to_json(),
-                )
             )
         return PublishResult("published", payload)
 
-    def holds(self, photo_id: UUID, attempt: int) -> bool:
-        """The worker's claim still stands and the photo is not published: its variants may be written.
+    def replace_variants(
+        self,
+        photo_id: UUID,
+        attempt: int,
+        *,
+        width: int,
+        height: int,
+        variants: Sequence[StoredVariant],
+        variant_version: int,
+        placeholder: Placeholder,
+        retire_after: timedelta,
+    ) -> PublishResult:
+        """SPEC 14: a published photo's variants re-rendered at a newer recipe, in one transaction.
+
+        The photo's new rows, its version bump and photo.variants_updated, or nothing. The objects
+        of the version it replaces are retired, to be deleted after `retire_after`: clients and
+        caches may still hold their keys.
+        """
+        with self._transaction() as session:
+            # Done, and no re-render owed: the variants are at the version this worker renders.
+            if not self._finish_job(session, photo_id, attempt, "done", rerender_to=None):
+                return PublishResult(self._superseded_or_skipped(session, photo_id))
+            replaced = session.execute(
+                update(Photo)
+                .where(
+                    Photo.id == photo_id,
+                    Photo.processing_state == "ready",
+                    # Published at this version meanwhile (a new upload's own render): nothing to do.
+                    func.coalesce(Photo.variant_version, 0) < variant_version,
+                )
+                .values(**_rendition(width, height, variant_version, placeholder))
+                .returning(Photo.album_id, Photo.entity_version, Photo.published_at)
+                .execution_options(synchronize_session=False)
+            ).one_or_none()
+            if replaced is None:
+                exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
+                return PublishResult("already" if exists else "skipped")
+            new_keys = [v.key for v in variants]
+            old_keys = session.scalars(
+                select(PhotoVariant.storage_key).where(
+                    PhotoVariant.photo_id == photo_id, PhotoVariant.storage_key.not_in(new_keys)
+                )
+            ).all()
+            if old_keys:
+                session.execute(
+                    insert(RetiredVariant)
+                    .values(
+                        [
+                            {
+                                "storage_key": key,
+                                "photo_id": photo_id,
+                                "delete_after": func.now() + retire_after,
+                            }
+                            for key in old_keys
+                        ]
+                    )
+                    .on_conflict_do_nothing(index_elements=[RetiredVariant.storage_key])
+                )
+            self._store_variants(session, photo_id, variants, variant_version)
+            payload = self._append_event(
+                session,
+                PHOTO_VARIANTS_UPDATED,
+                photo_id,
+                replaced,
+                width=width,
+                height=height,
+                variants=variants,
+                placeholder=placeholder,
+            )
+        return PublishResult("rerendered", payload)
+
+    @staticmethod
+    def _superseded_or_skipped(session: Session, photo_id: UUID) -> Literal["superseded", "skipped"]:
+        """A fenced-out transition: another claim owns the job, or the photo (and its job) is gone."""
+        exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
+        return "superseded" if exists else "skipped"
+
+    @staticmethod
+    def _store_variants(
+        session: Session, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
+    ) -> None:
+        stmt = insert(PhotoVariant).values(
+            [
+                {
+                    "photo_id": photo_id,
+                    "kind": v.kind,
+                    "storage_key": v.key,
+                    "width": v.width,
+                    "height": v.height,
+                    "bytes": v.size,
+                    "content_type": v.content_type,
+                    "variant_version": variant_version,
+                }
+                for v in variants
+            ]
+        )
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[PhotoVariant.photo_id, PhotoVariant.kind],
+                set_={
+                    "storage_key": stmt.excluded.storage_key,
+                    "width": stmt.excluded.width,
+                    "height": stmt.excluded.height,
+                    "bytes": stmt.excluded.bytes,
+                    "content_type": stmt.excluded.content_type,
+                    "variant_version": stmt.excluded.variant_version,
+                    "updated_at": func.now(),
+                },
+            )
+        )
+
+    @staticmethod
+    def _append_event(
+        session: Session,
+        event_type: str,
+        photo_id: UUID,
+        photo: Any,
+        *,
+        width: int,
+        height: int,
+        variants: Sequence[StoredVariant],
+        placeholder: Placeholder,
+    ) -> PhotoPublishedPayload:
+        """The outbox row of a publication or a re-render: the same payload (SPEC 14)."""
+        album_id, entity_version, published_at = photo
+        assert published_at is not None  # set when the photo was published
+        refs = {
+            v.kind: VariantRef(
+                key=v.key, width=v.width, height=v.height, size=v.size, content_type=v.content_type
+            )
+            for v in variants
+        }
+        payload = PhotoPublishedPayload(
+            photo_id=photo_id,
+            album_id=album_id,
+            entity_version=entity_version,
+            published_at=published_at,
+            width=width,
+            height=height,
+            variants=PublishedVariants(**refs),
+            placeholder=placeholder,
+        )
+        session.add(
+            OutboxEvent(
+                aggregate_type="photo",
+                aggregate_id=photo_id,
+                event_type=event_type,
+                payload=payload.to_json(),
+            )
+        )
+        return payload
+
+    def holds(self, photo_id: UUID, attempt: int, variant_version: int) -> bool:
+        """The worker's claim still stands and the photo has no variants at this version yet: they
+        may be written.
 
         Asked before the variant objects are written, because they carry an immutable Cache-Control:
-        a published photo's objects are never written again.
+        a published version's objects are never written again (a re-render writes a newer version's).
         """
         with self._transaction() as session:
             return (
@@ -332,7 +462,10 @@ class PhotoRepository:
                         PhotoJob.photo_id == photo_id,
                         PhotoJob.status == "active",
                         PhotoJob.attempt == attempt,
-                        Photo.processing_state != "ready",
+                        or_(
+                            Photo.processing_state != "ready",
+                            func.coalesce(Photo.variant_version, 0) < variant_version,
+                        ),
                     )
                 )
                 is not None
@@ -436,3 +569,17 @@ def _unavailable(error: DBAPIError | PoolTimeout) -> bool:
         return True
     sqlstate = getattr(error.orig, "sqlstate", None) or ""
     return sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE
+
+
+def _rendition(width: int, height: int, variant_version: int, placeholder: Placeholder) -> dict[str, Any]:
+    """The photo's columns a render sets, publishing or re-rendering: its displayed size, its
+    variants' version, its placeholder, and one version bump."""
+    return {
+        "width": width,
+        "height": height,
+        "variant_version": variant_version,
+        "thumbhash": placeholder.thumbhash,
+        "average_color": placeholder.average_color,
+        "entity_version": Photo.entity_version + 1,
+        "updated_at": func.now(),
+    }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from enum import StrEnum
+from functools import partial
 from typing import Protocol
 from uuid import UUID
 
@@ -14,6 +16,7 @@ from photo_publish.events import PhotoRequest
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
 from photo_publish.pipeline import Readable, RenderOptions, render
+from photo_publish.recipes import Recipe
 from photo_publish.repository import (
     Claimed,
     Exhausted,
@@ -28,6 +31,8 @@ from photo_publish.settings import Settings
 
 class Outcome(StrEnum):
     PUBLISHED = "published"
+    # A published photo's variants replaced by a newer recipe's (a backfill, SPEC 14).
+    RERENDERED = "rerendered"
     ALREADY = "already"
     SKIPPED = "skipped"
     # Not ours to work on: the job is finished, or the event names another original.
@@ -103,6 +108,15 @@ class PhotoService:
         self._queue = queue
         self._settings = settings
         self._options = render_options(settings)
+        self._recipe_checked = False
+
+    def ensure_recipe(self) -> None:
+        """Record this function's recipe for its VARIANT_VERSION, or raise RecipeMismatch if the
+        version was recorded as another recipe (SPEC 14); once per container once it succeeds."""
+        if not self._recipe_checked:
+            settings = self._settings
+            self._repository.ensure_recipe(settings.variant_version, Recipe.from_settings(settings))
+            self._recipe_checked = True
 
     def process(
         self, request: PhotoRequest, *, receive_count: int = 1, remaining: Remaining = forever
@@ -117,6 +131,8 @@ class PhotoService:
 
     def _process(self, request: PhotoRequest, remaining: Remaining) -> Result:
         started = time.perf_counter()
+        # Before anything is rendered: never other bytes under an existing version's keys.
+        self.ensure_recipe()
         photo = self._photo_to_render(request)
         if isinstance(photo, Result):
             return photo
@@ -144,10 +160,16 @@ class PhotoService:
         if request.original is not None and request.original.key != photo.original_key:
             logger.warning("event key is not the photo's original", key=request.original.key)
             return Result(Outcome.IGNORED, photo.id)
-        if photo.processing_state == "ready":
+        if photo.processing_state == "ready" and not self._rerender(photo):
             self._repository.mark_done(photo.id)
             return Result(Outcome.ALREADY, photo.id)
         return photo
+
+    def _rerender(self, photo: PhotoRow) -> bool:
+        """A published photo a backfill marked, whose variants are on an older recipe than this
+        function's (one published meanwhile at this version is left alone)."""
+        version = self._settings.variant_version
+        return photo.rerender_to is not None and (photo.variant_version or 0) < version
 
     def _claim(self, photo: PhotoRow, request: PhotoRequest) -> int | Result:
         """The attempt this delivery now owns (its fencing token), or why it owns none."""
@@ -182,8 +204,9 @@ class PhotoService:
             stream.close()
         rendered_at = time.perf_counter()
 
-        if not self._repository.holds(photo.id, attempt):
-            # Taken over, or published meanwhile: its variants are another worker's to write.
+        if not self._repository.holds(photo.id, attempt, settings.variant_version):
+            # Taken over, or published meanwhile at this version: its variants are not this worker's
+            # to write.
             return Result(Outcome.SUPERSEDED, photo.id, attempt=attempt)
         stored = []
         for variant in rendered.variants:
@@ -210,7 +233,16 @@ class PhotoService:
 
         self._budget(remaining, settings.commit_budget_seconds)
         stored_at = time.perf_counter()
-        published = self._repository.publish(
+        # A published photo is re-rendered (its variants replaced), any other published.
+        commit = (
+            partial(
+                self._repository.replace_variants,
+                retire_after=timedelta(seconds=settings.variant_grace_seconds),
+            )
+            if photo.processing_state == "ready"
+            else self._repository.publish
+        )
+        published = commit(
             photo.id,
             attempt,
             width=rendered.width,

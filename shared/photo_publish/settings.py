@@ -79,6 +79,12 @@ class Settings:
     webp_quality: int = field(default=80, metadata=_between(1, 100))
     webp_effort: int = field(default=2, metadata=_between(0, 6))  # see RenderOptions.effort
     variant_version: int = field(default=1, metadata=_between(1))
+    # The backfill (SPEC 14): job messages a sweep run sends, only while the process queue holds
+    # fewer than BACKFILL_MAX_QUEUE_DEPTH messages (new uploads never wait behind a backfill), and
+    # how long a replaced version's objects are kept for the clients and caches still holding them.
+    backfill_batch_size: int = field(default=50, metadata=_between(1))
+    backfill_max_queue_depth: int = field(default=10, metadata=_between(1))
+    variant_grace_seconds: int = field(default=7 * 24 * 3600, metadata=_between(0))
     # Records of a batch worked on side by side (each holds one database connection at a time).
     record_concurrency: int = field(default=2, metadata=_between(1, 10))
     # Seconds a record needs, at least, to finish once it starts, and to commit once rendered.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -72,6 +73,21 @@ class S3Store:
             body.close()
             raise PhotoError(ErrorCode.ORIGINAL_TOO_LARGE, f"{response['ContentLength']} > {max_bytes} bytes")
         return OriginalStream(body, max_bytes)
+
+    def delete_variants(self, keys: Sequence[str]) -> list[str]:
+        """Delete variant objects, a thousand a call; the keys S3 deleted (or had no object for)."""
+        deleted: list[str] = []
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start : start + 1000]
+            try:
+                response = self._client.delete_objects(
+                    Bucket=self._bucket, Delete={"Objects": [{"Key": key} for key in chunk], "Quiet": True}
+                )
+            except (ClientError, BotoCoreError):
+                continue  # kept, for a later run
+            failed = {error["Key"] for error in response.get("Errors", [])}
+            deleted += [key for key in chunk if key not in failed]
+        return deleted
 
     def put_variant(self, key: str, data: bytes, content_type: str) -> None:
         try:

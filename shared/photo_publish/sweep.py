@@ -14,18 +14,19 @@ from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
 
-from sqlalchemy import Engine, and_, case, func, literal_column, or_, select, update
+from sqlalchemy import Engine, and_, case, delete, func, literal_column, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
-from photo_publish.models import Photo, PhotoJob
+from photo_publish.models import Photo, PhotoJob, RetiredVariant
 from photo_publish.observability import logger
 from photo_publish.repository import OwedDeadLetter
 from photo_publish.settings import Settings
 
 
 class SweepQueue(Protocol):
+    def depth(self) -> int: ...
     def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]: ...
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
@@ -37,6 +38,9 @@ class SweepSummary:
     worker_lost: int = 0
     dead_letters_sent: int = 0
     send_failed: int = 0
+    backfill_sent: int = 0
+    backfill_left: int = 0
+    retired_deleted: int = 0
     batches: int = 0
     out_of_time: bool = False
 
@@ -47,18 +51,32 @@ class SweepSummary:
             "workerLost": self.worker_lost,
             "deadLettersSent": self.dead_letters_sent,
             "sendFailed": self.send_failed,
+            "backfillSent": self.backfill_sent,
+            "backfillLeft": self.backfill_left,
+            "retiredDeleted": self.retired_deleted,
             "batches": self.batches,
             "outOfTime": self.out_of_time,
         }
 
 
+class VariantStore(Protocol):
+    def delete_variants(self, keys: Sequence[str]) -> list[str]: ...
+
+
 class Sweeper:
     def __init__(
-        self, engine: Engine, queue: SweepQueue, settings: Settings, *, batch_size: int = 500
+        self,
+        engine: Engine,
+        queue: SweepQueue,
+        settings: Settings,
+        *,
+        store: VariantStore,
+        batch_size: int = 500,
     ) -> None:
         self._sessions = sessionmaker(engine)
         self._queue = queue
         self._settings = settings
+        self._store = store
         self._batch_size = batch_size
 
     def run(self, remaining: Remaining = forever, *, reserve_seconds: float = 10.0) -> SweepSummary:
@@ -83,7 +101,78 @@ class Sweeper:
             summary.send_failed += len(unsent) + letters_unsent
             if max(len(pending), len(stale) + len(lost), len(owed)) < self._batch_size:
                 break
+        # The backfill and the tidying come after the lost work, and only with time to spare.
+        if remaining() >= reserve_seconds:
+            summary.backfill_sent = self._drive_backfill()
+            summary.backfill_left = self._backfill_left()
+            summary.retired_deleted = self._delete_retired()
         return summary
+
+    def _drive_backfill(self) -> int:
+        """Send a bounded number of a backfill's marked photos, only while the process queue is short.
+
+        A marked job (a published photo's, `rerender_to` set) becomes an ordinary pending job,
+        stamped as sent: from then on retries, lost messages and lost workers are handled as for any
+        upload. New uploads wait behind BACKFILL_MAX_QUEUE_DEPTH messages at most.
+        """
+        settings = self._settings
+        depth = self._queue.depth()
+        if depth >= settings.backfill_max_queue_depth:
+            logger.info("backfill waits for a shorter queue", depth=depth)
+            return 0
+        now = func.now()
+        marked = (
+            select(PhotoJob.photo_id)
+            .where(PhotoJob.rerender_to.is_not(None), PhotoJob.status == literal_column("'done'"))
+            .order_by(PhotoJob.photo_id)
+            .limit(settings.backfill_batch_size)
+            .with_for_update(skip_locked=True)
+            .cte("marked")
+        )
+        with self._sessions.begin() as session:
+            taken = list(
+                session.scalars(
+                    update(PhotoJob)
+                    .where(PhotoJob.photo_id == marked.c.photo_id)
+                    .values(
+                        status="pending",
+                        attempt=0,
+                        next_retry_at=None,
+                        last_error_code=None,
+                        enqueued_at=now,
+                        updated_at=now,
+                    )
+                    .returning(PhotoJob.photo_id)
+                )
+            )
+        unsent = self._send(taken)
+        return len(taken) - len(unsent)
+
+    def _backfill_left(self) -> int:
+        with self._sessions.begin() as session:
+            left = session.scalar(
+                select(func.count())
+                .select_from(PhotoJob)
+                .where(PhotoJob.rerender_to.is_not(None), PhotoJob.status == literal_column("'done'"))
+            )
+        return int(left or 0)
+
+    def _delete_retired(self) -> int:
+        """Delete a bounded batch of replaced versions' objects whose grace period has passed."""
+        with self._sessions.begin() as session:
+            keys = list(
+                session.scalars(
+                    select(RetiredVariant.storage_key)
+                    .where(RetiredVariant.delete_after < func.now())
+                    .order_by(RetiredVariant.delete_after)
+                    .limit(self._batch_size)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            deleted = self._store.delete_variants(keys) if keys else []
+            if deleted:
+                session.execute(delete(RetiredVariant).where(RetiredVariant.storage_key.in_(deleted)))
+        return len(deleted)
 
     def _take_due_pending(self) -> list[UUID]:
         """Stamp and return pending rows that waited SWEEP_AFTER_SECONDS past their due time."""

@@ -252,7 +252,7 @@ def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
 
     # WHEN the slow worker finishes rendering: may it write its variants, may it publish?
-    holds = repository.holds(photo_id, 1)
+    holds = repository.holds(photo_id, 1, 1)
     result = repository.publish(
         photo_id, 1, width=2560, height=1600, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
     )
@@ -266,12 +266,12 @@ def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
         assert connection.scalar(select(func.count()).select_from(OutboxEvent)) == 0
 
     # AND the owner publishes, once
-    assert repository.holds(photo_id, 2)
+    assert repository.holds(photo_id, 2, 1)
     assert repository.publish(
         photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
     ).outcome == ("published")
     assert job(db, photo_id)[:2] == ("done", 2)
-    assert not repository.holds(photo_id, 2)
+    assert not repository.holds(photo_id, 2, 1)
 
 
 def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None:
@@ -285,7 +285,7 @@ def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None
 
     # WHEN its worker asks whether it may write the variants
     # THEN it may not, though it holds the claim
-    assert not repository.holds(photo_id, 2)
+    assert not repository.holds(photo_id, 2, 1)
 
 
 def test_a_failure_never_downgrades_a_published_photo(db: Engine) -> None:

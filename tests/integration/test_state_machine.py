@@ -55,6 +55,9 @@ class Store:
     def put_variant(self, key: str, data: bytes, content_type: str) -> None:
         self.puts += 1
 
+    def delete_variants(self, keys: Any) -> list[str]:
+        return list(keys)
+
 
 @dataclass
 class Queue:
@@ -66,6 +69,9 @@ class Queue:
     refusing: int = 0
 
     def retry_later(self, receipt_handle: str, seconds: float) -> None: ...
+
+    def depth(self) -> int:
+        return len(self.inflight)
 
     def send_job(self, photo_id: uuid.UUID, delay_seconds: float = 0) -> None:
         self.inflight.append(photo_id)
@@ -98,7 +104,7 @@ class JobStateMachine(RuleBasedStateMachine):
         )
         self.store, self.queue = Store(), Queue()
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
-        self.sweeper = Sweeper(self.engine, self.queue, self.settings, batch_size=2)
+        self.sweeper = Sweeper(self.engine, self.queue, self.settings, store=self.store, batch_size=2)
         self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
         self.queue.inflight.extend(p.photo_id for p in self.photos)
         self.ever_ready: set[uuid.UUID] = set()

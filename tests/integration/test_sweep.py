@@ -18,6 +18,7 @@ from photo_publish import bootstrap
 from photo_publish.database import create_database_engine
 from photo_publish.models import Photo, PhotoJob
 from photo_publish.queue import SqsQueue
+from photo_publish.storage import S3Store
 from photo_publish.sweep import Sweeper
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
@@ -60,7 +61,8 @@ def sent(infra: Infra, url: str | None = None) -> Counter[uuid.UUID]:
 
 def sweeper(infra: Infra, engine: Engine | None = None, batch_size: int = 500) -> Sweeper:
     queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
-    return Sweeper(engine or bootstrap.engine(), queue, infra.settings, batch_size=batch_size)
+    store = S3Store(infra.s3, BUCKET)
+    return Sweeper(engine or bootstrap.engine(), queue, infra.settings, store=store, batch_size=batch_size)
 
 
 def test_due_pending_rows_are_sent_once_and_rows_in_their_grace_are_left_alone(
@@ -132,6 +134,12 @@ class RecordingQueue:
     def send_dead_letter(self, *args: Any) -> bool:
         raise AssertionError("no dead letter expected")
 
+    def depth(self) -> int:
+        return 0
+
+    def delete_variants(self, keys: Any) -> list[str]:
+        raise AssertionError("no retired variant expected")
+
 
 def test_two_sweeps_at_once_never_send_the_same_row_twice(infra: Infra, db: Engine) -> None:
     # GIVEN thousands of due rows, and two sweeps on separate connections, in small batches
@@ -141,7 +149,7 @@ def test_two_sweeps_at_once_never_send_the_same_row_twice(infra: Infra, db: Engi
 
     def run(engine: Engine) -> int:
         start.wait()
-        return Sweeper(engine, queue, infra.settings, batch_size=50).run().resent_pending
+        return Sweeper(engine, queue, infra.settings, store=queue, batch_size=50).run().resent_pending
 
     # WHEN they run at the same moment
     with ThreadPoolExecutor(2) as pool:

@@ -250,6 +250,14 @@ SHARED_NUMBERS = {
     "MAX_INPUT_ROW_BYTES": "max_input_row_bytes",
     "MAX_DECODE_BUFFER_BYTES": "max_decode_buffer_bytes",
     "RENDER_TIMEOUT_SECONDS": "render_timeout_seconds",
+    "VARIANT_VERSION": "variant_version",
+    "THUMB_SIZE": "thumb_size",
+    "BROWSE_SIZE": "browse_size",
+    "WEBP_QUALITY": "webp_quality",
+    "WEBP_EFFORT": "webp_effort",
+    "BACKFILL_BATCH_SIZE": "backfill_batch_size",
+    "BACKFILL_MAX_QUEUE_DEPTH": "backfill_max_queue_depth",
+    "VARIANT_GRACE_SECONDS": "variant_grace_seconds",
 }
 # Environment the functions get that is not a Settings field: read by Powertools or glibc.
 # The defaults Settings falls back on, which the template must agree with.
@@ -480,6 +488,7 @@ AWS_CALLS = {
     "upload_fileobj": "s3:PutObject",
     "copy_object": "s3:PutObject",
     "delete_object": "s3:DeleteObject",
+    "delete_objects": "s3:DeleteObject",
     "list_objects_v2": "s3:ListBucket",
     "list_objects": "s3:ListBucket",
     "head_bucket": "s3:ListBucket",
@@ -500,7 +509,7 @@ AWS_CALLS = {
 }
 # What each call touches, named as the template's statements resolve: S3 keys by the key layout,
 # SQS by the queue URL the call passes, the secret by its ARN.
-S3_OBJECTS = {"s3:GetObject": "originals", "s3:PutObject": "variants"}
+S3_OBJECTS = {"s3:GetObject": "originals", "s3:PutObject": "variants", "s3:DeleteObject": "variants"}
 # Granted for the code's calls without being calls: a missing original is a 404 only with
 # ListBucket on its prefix, and a secret under a customer key needs that key.
 IMPLIED = {"s3:GetObject": {"s3:ListBucket"}, "secretsmanager:GetSecretValue": {"kms:Decrypt"}}
@@ -687,7 +696,8 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     poller = EVENT_SOURCE if function == "process" else set()
     assert grants == calls | implied | poller
     if function == "sweep":
-        assert not {a for a, _ in grants if a.startswith("s3:")}  # the sweep touches no photo
+        # the sweep reads no photo and writes none: it only deletes replaced variants
+        assert {g for g in grants if g[0].startswith("s3:")} == {("s3:DeleteObject", "variants")}
 
 
 def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) -> None:

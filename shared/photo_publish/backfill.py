@@ -1,0 +1,103 @@
+"""The backfill (SPEC 14): re-render published photos whose variants are on an older recipe.
+
+The operator marks them (`rerender`); the scheduled sweep sends a bounded number of marked photos
+at a time, while the process queue is short; the process function renders each under the new
+version's keys and replaces its variants in one transaction. Marking is idempotent (only photos
+below the version are marked, so running it again renders nothing), `stop` clears the marks not yet
+sent (the photos in flight finish), and marking again resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+from sqlalchemy import ColumnElement, Engine, func, select, true, update
+
+from photo_publish.models import Photo, PhotoJob
+
+# What a photo costs to re-render, from `make bench` on this project's corpus (README, Benchmarks):
+# 0.58 s of one vCPU at 1769 MB, and Lambda's arm64 price per GB-second.
+RENDER_SECONDS_PER_PHOTO = 0.58
+FUNCTION_GB = 1769 / 1024
+PRICE_PER_GB_SECOND = 0.0000133334
+# Photos marked per statement: a million photos are marked in a hundred short transactions.
+MARK_BATCH = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which published photos: all of them, some by id, or one album's."""
+
+    photo_ids: Sequence[UUID] | None = None
+    album_id: UUID | None = None
+
+    def where(self, version: int) -> ColumnElement[bool]:
+        condition = (Photo.processing_state == "ready") & (func.coalesce(Photo.variant_version, 0) < version)
+        if self.photo_ids is not None:
+            condition &= Photo.id.in_(self.photo_ids)
+        if self.album_id is not None:
+            condition &= Photo.album_id == self.album_id
+        return condition
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    photos: int
+    render_seconds: float
+    cost_usd: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "photos": self.photos,
+            "renderSeconds": round(self.render_seconds),
+            "costUsd": round(self.cost_usd, 2),
+        }
+
+
+def estimate(engine: Engine, version: int, selection: Selection) -> Estimate:
+    """What `mark` would mark, and what re-rendering it would take (the dry run)."""
+    with engine.connect() as connection:
+        photos = int(connection.scalar(select(func.count()).where(selection.where(version))) or 0)
+    seconds = photos * RENDER_SECONDS_PER_PHOTO
+    return Estimate(photos, seconds, seconds * FUNCTION_GB * PRICE_PER_GB_SECOND)
+
+
+def mark(engine: Engine, version: int, selection: Selection) -> int:
+    """Mark the selected photos below `version` for a re-render at it; the number marked.
+
+    A finished job (done, or failed: a re-render that failed for good leaves its photo published)
+    gets the mark; a job at work keeps its own course. In batches, in the order of the photos' ids.
+    """
+    marked, after = 0, None
+    while True:
+        with engine.begin() as connection:
+            ids = list(
+                connection.scalars(
+                    select(Photo.id)
+                    .where(selection.where(version), Photo.id > after if after else true())
+                    .order_by(Photo.id)
+                    .limit(MARK_BATCH)
+                )
+            )
+            if not ids:
+                return marked
+            result = connection.execute(
+                update(PhotoJob)
+                .where(PhotoJob.photo_id.in_(ids), PhotoJob.status.in_(("done", "failed")))
+                .values(rerender_to=version, status="done", updated_at=func.now())
+            )
+            marked += result.rowcount
+            after = ids[-1]
+
+
+def stop(engine: Engine) -> int:
+    """Clear the marks the sweep has not sent yet; the number cleared (marking again resumes)."""
+    with engine.begin() as connection:
+        result = connection.execute(
+            update(PhotoJob)
+            .where(PhotoJob.rerender_to.is_not(None), PhotoJob.status == "done")
+            .values(rerender_to=None, updated_at=func.now())
+        )
+    return result.rowcount

@@ -1,0 +1,240 @@
+"""Recipes and the backfill (SPEC 14), through the real handlers, sweep and operator, on PostgreSQL and
+moto's S3 + SQS."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+from uuid import UUID
+
+import pytest
+from sqlalchemy import Engine, func, select, update
+
+from devkit import samples, uploads
+from devkit.poller import LambdaContext, sqs_event
+from photo_publish import operator
+from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
+from photo_publish.recipes import RecipeMismatch
+from tests.conftest import BUCKET, STAGE, Infra
+from tests.polling import poll_until, process
+
+PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg")
+
+
+def publish_all(infra: Infra, db: Engine, names: tuple[str, ...] = PHOTOS) -> list[UUID]:
+    shots = [
+        uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=n, data=(samples.IMAGES / n).read_bytes())
+        for n in names
+    ]
+    poll_until(infra, lambda: versions(db, [s.photo_id for s in shots]) == [(2, 1)] * len(shots))
+    return [s.photo_id for s in shots]
+
+
+def versions(db: Engine, photo_ids: list[UUID]) -> list[tuple[int, int | None]]:
+    """(entity_version, variant_version) per photo, in the order given."""
+    with db.connect() as c:
+        rows = dict(
+            (r.id, (r.entity_version, r.variant_version))
+            for r in c.execute(
+                select(Photo.id, Photo.entity_version, Photo.variant_version).where(Photo.id.in_(photo_ids))
+            )
+        )
+    return [rows[p] for p in photo_ids]
+
+
+def events(db: Engine) -> Counter[tuple[UUID, str]]:
+    with db.connect() as c:
+        return Counter(
+            (r.aggregate_id, r.event_type)
+            for r in c.execute(select(OutboxEvent.aggregate_id, OutboxEvent.event_type))
+        )
+
+
+def rerender(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    """The operator's command, as a person runs it with the functions' environment."""
+    operator.main(["rerender", *argv])
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def sweep() -> dict[str, Any]:
+    from devkit import handlers
+
+    return handlers.load("sweep").lambda_handler({"source": "aws.events"}, LambdaContext(timeout_seconds=60))  # type: ignore[no-any-return]
+
+
+def objects(infra: Infra, photo_id: UUID) -> set[str]:
+    listed = infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{STAGE}/albums/")
+    return {o["Key"] for o in listed.get("Contents", []) if f"/{photo_id}/" in o["Key"]}
+
+
+def test_a_recipe_changed_under_the_same_version_is_refused_at_start(infra: Infra, db: Engine) -> None:
+    # GIVEN a photo published at version 1 (which recorded version 1's recipe)
+    (published,) = publish_all(infra, db, ("Aqua.jpg",))
+    second = uploads.upload(
+        db, infra.s3, BUCKET, STAGE, file_name="Wood.jpg", data=(samples.IMAGES / "Wood.jpg").read_bytes()
+    )
+    (message,) = infra.sqs.receive_message(
+        QueueUrl=infra.queues.url, WaitTimeSeconds=2, AttributeNames=["All"]
+    )["Messages"]
+
+    # WHEN a deployment changes THUMB_SIZE alone, keeping VARIANT_VERSION 1
+    infra.configure(thumb_size=320)
+
+    # THEN its first invocation fails loudly, before anything is rendered or written
+    with pytest.raises(
+        RecipeMismatch, match=r"VARIANT_VERSION 1 was recorded with another recipe.*thumb_size"
+    ):
+        process.lambda_handler(sqs_event([message], infra.queues.arn), LambdaContext())
+    with db.connect() as c:
+        assert c.scalar(select(Photo.processing_state).where(Photo.id == second.photo_id)) == "uploaded"
+    assert objects(infra, second.photo_id) == set()
+
+    # AND the same settings under a new version are accepted
+    infra.configure(thumb_size=320, variant_version=2)
+    response = process.lambda_handler(sqs_event([message], infra.queues.arn), LambdaContext())
+    assert response == {"batchItemFailures": []}
+    assert versions(db, [published, second.photo_id]) == [(2, 1), (2, 2)]
+
+
+def test_a_backfill_moves_every_photo_once_a_few_at_a_time_and_running_it_again_renders_nothing(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN five photos published at version 1, then a new recipe (a smaller thumb) as version 2
+    photo_ids = publish_all(infra, db)
+    old = {p: objects(infra, p) for p in photo_ids}
+    infra.configure(thumb_size=320, variant_version=2, backfill_batch_size=2)
+
+    # WHEN the operator asks what a backfill would take, then starts it
+    dry = rerender(capsys, "--all", "--dry-run")
+    started = rerender(capsys, "--all")
+
+    # THEN the dry run counted them and estimated the render time and cost; all five were marked
+    assert (dry["photos"], dry["version"]) == (5, 2) and dry["renderSeconds"] > 0 and "costUsd" in dry
+    assert started == {"version": 2, "marked": 5}
+
+    # WHEN the sweep runs on its schedule and the queue's messages reach the process function
+    sent = []
+    while True:
+        summary = sweep()
+        sent.append(summary["backfillSent"])
+        if not summary["backfillSent"]:
+            break
+        poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == sum(sent))
+
+    # THEN two at a time (the batch), each photo re-rendered once: version 2 rows and keys, one
+    # photo.variants_updated each, the thumb at the new size
+    assert sent == [2, 2, 1, 0]
+    assert versions(db, photo_ids) == [(3, 2)] * 5
+    assert events(db) == Counter(
+        {(p, "photo.published"): 1 for p in photo_ids} | {(p, "photo.variants_updated"): 1 for p in photo_ids}
+    )
+    with db.connect() as c:
+        rows = c.execute(
+            select(PhotoVariant.storage_key, PhotoVariant.variant_version, PhotoVariant.width)
+        ).all()
+    assert {r.variant_version for r in rows} == {2}
+    assert all("/2/" in r.storage_key for r in rows)
+    assert max(r.width for r in rows if r.storage_key.endswith("thumb.webp")) == 320
+    # AND the old version's objects are kept (clients and caches may hold their keys) until their grace
+    for photo_id in photo_ids:
+        assert old[photo_id] < objects(infra, photo_id)
+
+    # WHEN the backfill is started again
+    again = rerender(capsys, "--all")
+
+    # THEN nothing is marked and nothing rendered
+    assert again == {"version": 2, "marked": 0}
+    assert sweep()["backfillSent"] == 0
+
+    # WHEN the grace period has passed
+    with db.begin() as c:
+        c.execute(update(RetiredVariant).values(delete_after=func.now() - func.make_interval(0, 0, 0, 1)))
+    deleted = sweep()["retiredDeleted"]
+
+    # THEN the sweep deletes the old objects, and only them
+    assert deleted == 10
+    for photo_id in photo_ids:
+        assert objects(infra, photo_id) == {k for k in objects(infra, photo_id) if "/2/" in k} != set()
+        assert not old[photo_id] & objects(infra, photo_id)
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).select_from(RetiredVariant)) == 0
+
+
+def test_the_backfill_waits_while_the_queue_is_long(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a marked backfill and a queue already as long as BACKFILL_MAX_QUEUE_DEPTH
+    photo_ids = publish_all(infra, db, ("Aqua.jpg",))
+    infra.configure(variant_version=2, thumb_size=320, backfill_max_queue_depth=3)
+    assert rerender(capsys, "--all")["marked"] == 1
+    for _ in range(3):
+        infra.sqs.send_message(
+            QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(photo_ids[0])})
+        )
+
+    # WHEN the sweep runs
+    summary = sweep()
+
+    # THEN it sends nothing of the backfill: new uploads never wait behind it
+    assert (summary["backfillSent"], summary["backfillLeft"]) == (0, 1)
+
+
+def test_a_stopped_backfill_loses_nothing_and_resumes(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a backfill of five photos, two of them sent
+    photo_ids = publish_all(infra, db)
+    infra.configure(thumb_size=320, variant_version=2, backfill_batch_size=2)
+    rerender(capsys, "--all")
+    assert sweep()["backfillSent"] == 2
+
+    # WHEN the operator stops it, and the photos in flight are processed
+    stopped = rerender(capsys, "--stop")
+    poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == 2)
+
+    # THEN the three not sent were unmarked; the sweep sends nothing more
+    assert stopped == {"stopped": 3}
+    assert sweep()["backfillSent"] == 0
+
+    # WHEN it is started again, and runs to the end
+    assert rerender(capsys, "--all") == {"version": 2, "marked": 3}
+    while sweep()["backfillSent"]:
+        poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == 5 or _nothing_queued(infra))
+
+    # THEN every photo was re-rendered exactly once
+    assert versions(db, photo_ids) == [(3, 2)] * 5
+    assert sum(1 for (_, kind) in events(db).elements() if kind == "photo.variants_updated") == 5
+
+
+def _nothing_queued(infra: Infra) -> bool:
+    attributes = infra.sqs.get_queue_attributes(
+        QueueUrl=infra.queues.url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return attributes == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+
+
+def test_a_photo_published_meanwhile_at_the_new_version_is_skipped(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a photo marked for the backfill whose variants are already at the new version (its
+    # original was uploaded again and rendered by the new deployment before the sweep got to it)
+    (photo_id,) = publish_all(infra, db, ("Storm.jpg",))
+    infra.configure(thumb_size=320, variant_version=2)
+    rerender(capsys, "--all")
+    with db.begin() as c:
+        c.execute(update(Photo).where(Photo.id == photo_id).values(variant_version=2))
+
+    # WHEN the sweep sends it and it is delivered
+    assert sweep()["backfillSent"] == 1
+    poll_until(infra, lambda: _nothing_queued(infra))
+
+    # THEN it answered `already`: nothing rendered, no event, no version bump, the mark cleared
+    assert versions(db, [photo_id]) == [(2, 2)]
+    assert events(db) == Counter({(photo_id, "photo.published"): 1})
+    with db.connect() as c:
+        job = c.execute(
+            select(PhotoJob.status, PhotoJob.rerender_to).where(PhotoJob.photo_id == photo_id)
+        ).one()
+    assert tuple(job) == ("done", None)
