@@ -167,7 +167,7 @@ class RecordingQueue:
     def depth(self) -> int:
         return 0
 
-    def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]:
+    def send_jobs(self, photo_ids: Sequence[UUID], *, spread_seconds: float = 0) -> list[UUID]:
         self.jobs.extend(photo_ids)
         return []
 

@@ -14,6 +14,7 @@ from photo_publish.observability import logger
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
+    from mypy_boto3_sqs.type_defs import SendMessageBatchRequestEntryTypeDef
 
 # SQS caps both a message's delay and a visibility timeout (the latter at 12 hours).
 MAX_DELAY_SECONDS = 900
@@ -59,16 +60,26 @@ class SqsQueue:
             DelaySeconds=min(max(round(delay_seconds), 0), MAX_DELAY_SECONDS),
         )
 
-    def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]:
-        """SendMessageBatch, ten a call; the ids whose message was not accepted."""
+    def send_jobs(self, photo_ids: Sequence[UUID], *, spread_seconds: float = 0) -> list[UUID]:
+        """SendMessageBatch, ten a call; the ids whose message was not accepted.
+
+        With `spread_seconds`, the messages are delayed evenly across that time (a trickle, not a
+        burst that work arriving meanwhile would queue behind).
+        """
         unsent: list[UUID] = []
+        step = spread_seconds / len(photo_ids) if photo_ids else 0
         for start in range(0, len(photo_ids), 10):
             chunk = list(photo_ids[start : start + 10])
+            entries: list[SendMessageBatchRequestEntryTypeDef] = [
+                {
+                    "Id": str(i),
+                    "MessageBody": job_body(p),
+                    "DelaySeconds": min(round((start + i) * step), MAX_DELAY_SECONDS),
+                }
+                for i, p in enumerate(chunk)
+            ]
             try:
-                response = self._client.send_message_batch(
-                    QueueUrl=self._queue_url,
-                    Entries=[{"Id": str(i), "MessageBody": job_body(p)} for i, p in enumerate(chunk)],
-                )
+                response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)
             except QUEUE_ERRORS:
                 unsent.extend(chunk)
                 continue

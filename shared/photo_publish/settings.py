@@ -84,6 +84,8 @@ class Settings:
     # how long a replaced version's objects are kept for the clients and caches still holding them.
     backfill_batch_size: int = field(default=50, metadata=_between(1))
     backfill_max_queue_depth: int = field(default=10, metadata=_between(1))
+    # A run's backfill messages are delayed evenly over this (the sweep's period): a trickle.
+    backfill_spread_seconds: int = field(default=60, metadata=_between(0, 900))
     variant_grace_seconds: int = field(default=7 * 24 * 3600, metadata=_between(0))
     # Records of a batch worked on side by side (each holds one database connection at a time).
     record_concurrency: int = field(default=2, metadata=_between(1, 10))

@@ -27,7 +27,7 @@ from photo_publish.settings import Settings
 
 class SweepQueue(Protocol):
     def depth(self) -> int: ...
-    def send_jobs(self, photo_ids: Sequence[UUID]) -> list[UUID]: ...
+    def send_jobs(self, photo_ids: Sequence[UUID], *, spread_seconds: float = 0) -> list[UUID]: ...
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
 
@@ -145,7 +145,8 @@ class Sweeper:
                     .returning(PhotoJob.photo_id)
                 )
             )
-        unsent = self._send(taken)
+        # Spread over the time to the next run: new uploads queue behind a trickle, never a batch.
+        unsent = self._send(taken, spread_seconds=settings.backfill_spread_seconds)
         return len(taken) - len(unsent)
 
     def _backfill_left(self) -> int:
@@ -293,9 +294,9 @@ class Sweeper:
                 .execution_options(synchronize_session=False)
             )
 
-    def _send(self, photo_ids: list[UUID]) -> list[UUID]:
+    def _send(self, photo_ids: list[UUID], *, spread_seconds: float = 0) -> list[UUID]:
         """Send job messages; the rows whose message failed lose their stamp, for a later run."""
-        unsent = self._queue.send_jobs(photo_ids) if photo_ids else []
+        unsent = self._queue.send_jobs(photo_ids, spread_seconds=spread_seconds) if photo_ids else []
         if unsent:
             logger.warning("sweep could not send job messages", count=len(unsent))
             with self._sessions.begin() as session:

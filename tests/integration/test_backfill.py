@@ -103,7 +103,7 @@ def test_a_backfill_moves_every_photo_once_a_few_at_a_time_and_running_it_again_
     # GIVEN five photos published at version 1, then a new recipe (a smaller thumb) as version 2
     photo_ids = publish_all(infra, db)
     old = {p: objects(infra, p) for p in photo_ids}
-    infra.configure(thumb_size=320, variant_version=2, backfill_batch_size=2)
+    infra.configure(thumb_size=320, variant_version=2, backfill_batch_size=2, backfill_spread_seconds=0)
 
     # WHEN the operator asks what a backfill would take, then starts it
     dry = rerender(capsys, "--all", "--dry-run")
@@ -166,7 +166,7 @@ def test_the_backfill_waits_while_the_queue_is_long(
 ) -> None:
     # GIVEN a marked backfill and a queue already as long as BACKFILL_MAX_QUEUE_DEPTH
     photo_ids = publish_all(infra, db, ("Aqua.jpg",))
-    infra.configure(variant_version=2, thumb_size=320, backfill_max_queue_depth=3)
+    infra.configure(variant_version=2, thumb_size=320, backfill_max_queue_depth=3, backfill_spread_seconds=0)
     assert rerender(capsys, "--all")["marked"] == 1
     for _ in range(3):
         infra.sqs.send_message(
@@ -185,7 +185,7 @@ def test_a_stopped_backfill_loses_nothing_and_resumes(
 ) -> None:
     # GIVEN a backfill of five photos, two of them sent
     photo_ids = publish_all(infra, db)
-    infra.configure(thumb_size=320, variant_version=2, backfill_batch_size=2)
+    infra.configure(thumb_size=320, variant_version=2, backfill_batch_size=2, backfill_spread_seconds=0)
     rerender(capsys, "--all")
     assert sweep()["backfillSent"] == 2
 
@@ -221,7 +221,7 @@ def test_a_photo_published_meanwhile_at_the_new_version_is_skipped(
     # GIVEN a photo marked for the backfill whose variants are already at the new version (its
     # original was uploaded again and rendered by the new deployment before the sweep got to it)
     (photo_id,) = publish_all(infra, db, ("Storm.jpg",))
-    infra.configure(thumb_size=320, variant_version=2)
+    infra.configure(thumb_size=320, variant_version=2, backfill_spread_seconds=0)
     rerender(capsys, "--all")
     with db.begin() as c:
         c.execute(update(Photo).where(Photo.id == photo_id).values(variant_version=2))
@@ -238,3 +238,26 @@ def test_a_photo_published_meanwhile_at_the_new_version_is_skipped(
             select(PhotoJob.status, PhotoJob.rerender_to).where(PhotoJob.photo_id == photo_id)
         ).one()
     assert tuple(job) == ("done", None)
+
+
+def test_a_runs_backfill_messages_trickle_in_over_the_sweeps_period(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN two marked photos, and their run's messages spread over 4 seconds
+    photo_ids = publish_all(infra, db, ("Aqua.jpg", "Wood.jpg"))
+    infra.configure(thumb_size=320, variant_version=2, backfill_spread_seconds=4)
+    rerender(capsys, "--all")
+
+    # WHEN the sweep sends them
+    assert sweep()["backfillSent"] == 2
+
+    # THEN the first is there at once and the second only later: new uploads never queue behind a
+    # whole batch
+    def visible() -> int:
+        attributes = infra.sqs.get_queue_attributes(
+            QueueUrl=infra.queues.url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"])
+
+    assert visible() == 1
+    poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == 2, timeout=15)

@@ -79,7 +79,7 @@ class Queue:
     def send(self, body: str, delay_seconds: float = 0) -> None:
         raise AssertionError("only the direct S3 path hands records to the queue")
 
-    def send_jobs(self, photo_ids: Any) -> list[uuid.UUID]:
+    def send_jobs(self, photo_ids: Any, *, spread_seconds: float = 0) -> list[uuid.UUID]:
         self.inflight.extend(photo_ids)
         return []
 

@@ -126,7 +126,7 @@ class RecordingQueue:
         self.sent: Counter[uuid.UUID] = Counter()
         self._lock = threading.Lock()
 
-    def send_jobs(self, photo_ids: Any) -> list[uuid.UUID]:
+    def send_jobs(self, photo_ids: Any, *, spread_seconds: float = 0) -> list[uuid.UUID]:
         with self._lock:
             self.sent.update(photo_ids)
         return []

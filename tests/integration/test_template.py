@@ -257,6 +257,7 @@ SHARED_NUMBERS = {
     "WEBP_EFFORT": "webp_effort",
     "BACKFILL_BATCH_SIZE": "backfill_batch_size",
     "BACKFILL_MAX_QUEUE_DEPTH": "backfill_max_queue_depth",
+    "BACKFILL_SPREAD_SECONDS": "backfill_spread_seconds",
     "VARIANT_GRACE_SECONDS": "variant_grace_seconds",
 }
 # Environment the functions get that is not a Settings field: read by Powertools or glibc.
