@@ -1,4 +1,4 @@
-"""The payload other services read from the outbox (SPEC 4.2): typed, validated on write and on read."""
+"""The payloads other services read from the outbox (SPEC 4.2, 12): typed, validated on write and on read."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -6,11 +6,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Self
 from uuid import UUID
 
+from photo_publish.errors import ErrorCode
+
 PHOTO_PUBLISHED = "photo.published"
+PHOTO_FAILED = "photo.failed"
 
 
 class InvalidPayload(ValueError):
-    """A photo.published payload that breaks SPEC 4.2; the message names the JSON key and the rule."""
+    """A payload that breaks its contract (SPEC 4.2, 12); the message names the JSON key and the rule."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +78,7 @@ class PhotoPublishedPayload:
             "photoId": str(self.photo_id),
             "albumId": str(self.album_id),
             "entityVersion": self.entity_version,
-            "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
+            "publishedAt": _utc_text(self.published_at),
             "width": self.width,
             "height": self.height,
             "variants": {
@@ -104,6 +107,81 @@ class PhotoPublishedPayload:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhotoFailedPayload:
+    """SPEC 12: written in the transaction that marks a permanent or final failure of a photo that
+    is not published. `kind` is "permanent" (the user's file: uploading it again is the way out) or
+    "final" (attempts spent or the worker lost: an operator may retry it)."""
+
+    schema_version: Literal[1] = 1
+    photo_id: UUID
+    album_id: UUID
+    # Unchanged by a failure (only a publication bumps it): consumers order a photo's events by it.
+    entity_version: int
+    error_code: ErrorCode
+    kind: Literal["permanent", "final"]
+    attempt: int
+    failed_at: datetime
+
+    def __post_init__(self) -> None:
+        if type(self.schema_version) is not int or self.schema_version != 1:
+            raise InvalidPayload(f"schemaVersion must be 1, got {self.schema_version!r}")
+        for key, value in (("photoId", self.photo_id), ("albumId", self.album_id)):
+            if not isinstance(value, UUID):
+                raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
+        _at_least(1, entityVersion=self.entity_version, attempt=self.attempt)
+        if not isinstance(self.error_code, ErrorCode):
+            raise InvalidPayload(f"errorCode must be one of the error codes, got {self.error_code!r}")
+        if self.kind not in ("permanent", "final"):
+            raise InvalidPayload(f"kind must be permanent or final, got {self.kind!r}")
+        if not isinstance(self.failed_at, datetime) or self.failed_at.utcoffset() is None:
+            raise InvalidPayload(f"failedAt must carry a time zone, got {self.failed_at!r}")
+        object.__setattr__(self, "failed_at", self.failed_at.astimezone(UTC))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schemaVersion": self.schema_version,
+            "photoId": str(self.photo_id),
+            "albumId": str(self.album_id),
+            "entityVersion": self.entity_version,
+            "errorCode": self.error_code.value,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "failedAt": _utc_text(self.failed_at),
+        }
+
+    @classmethod
+    def from_json(cls, document: object) -> Self:
+        """A consumer's reading of `to_json`'s document: every key present, no other, each valid."""
+        members = _members(document, _FAILED_KEYS, "payload")
+        try:
+            code = ErrorCode(members["errorCode"])
+        except ValueError:
+            raise InvalidPayload(
+                f"errorCode must be one of the error codes, got {members['errorCode']!r}"
+            ) from None
+        return cls(
+            schema_version=members["schemaVersion"],
+            photo_id=_uuid("photoId", members["photoId"]),
+            album_id=_uuid("albumId", members["albumId"]),
+            entity_version=members["entityVersion"],
+            error_code=code,
+            kind=members["kind"],
+            attempt=members["attempt"],
+            failed_at=_instant("failedAt", members["failedAt"]),
+        )
+
+
+_FAILED_KEYS = (
+    "schemaVersion",
+    "photoId",
+    "albumId",
+    "entityVersion",
+    "errorCode",
+    "kind",
+    "attempt",
+    "failedAt",
+)
 _PAYLOAD_KEYS = (
     "schemaVersion",
     "photoId",
@@ -122,6 +200,11 @@ def _at_least(low: int, **values: object) -> None:
         # True is an int to Python, never a width or a version to a consumer.
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise InvalidPayload(f"{key} must be an integer of at least {low}, got {value!r}")
+
+
+def _utc_text(instant: datetime) -> str:
+    """ISO-8601 in UTC, spelt with "Z"."""
+    return instant.isoformat().removesuffix("+00:00") + "Z"
 
 
 def _variant_json(ref: VariantRef) -> dict[str, object]:
