@@ -210,7 +210,10 @@ def run() -> dict[str, Any]:
     with stack.database(ROOT / ".local" / "postgres", name="photo_publish_demo") as url, stack.aws_endpoint():
         started = time.perf_counter()
         local = start_stack(url)
-        print(f"  stack ready in {time.perf_counter() - started:.1f}s (PostgreSQL, S3, SQS, EventBridge)", flush=True)
+        print(
+            f"  stack ready in {time.perf_counter() - started:.1f}s (PostgreSQL, S3, SQS, EventBridge)",
+            flush=True,
+        )
 
         album_id = uuid.uuid4()
         names = {}
