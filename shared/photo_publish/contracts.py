@@ -1,4 +1,4 @@
-"""The payloads other services read from the outbox (SPEC 4.2, 12): typed, validated on write and on read."""
+"""The payload other services read from the outbox (SPEC 4.2): typed, validated on write and on read."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -9,11 +9,10 @@ from uuid import UUID
 from photo_publish.errors import ErrorCode
 
 PHOTO_PUBLISHED = "photo.published"
-PHOTO_FAILED = "photo.failed"
 
 
 class InvalidPayload(ValueError):
-    """A payload that breaks its contract (SPEC 4.2, 12); the message names the JSON key and the rule."""
+    """A photo.published payload that breaks SPEC 4.2; the message names the JSON key and the rule."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,7 +77,7 @@ class PhotoPublishedPayload:
             "photoId": str(self.photo_id),
             "albumId": str(self.album_id),
             "entityVersion": self.entity_version,
-            "publishedAt": _utc_text(self.published_at),
+            "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
             "width": self.width,
             "height": self.height,
             "variants": {
@@ -105,6 +104,84 @@ class PhotoPublishedPayload:
                 browse=_variant(variants["browse"], "variants.browse"),
             ),
         )
+
+
+_PAYLOAD_KEYS = (
+    "schemaVersion",
+    "photoId",
+    "albumId",
+    "entityVersion",
+    "publishedAt",
+    "width",
+    "height",
+    "variants",
+)
+_VARIANT_KEYS = ("key", "width", "height", "bytes", "contentType")
+
+
+def _at_least(low: int, **values: object) -> None:
+    for key, value in values.items():
+        # True is an int to Python, never a width or a version to a consumer.
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise InvalidPayload(f"{key} must be an integer of at least {low}, got {value!r}")
+
+
+def _variant_json(ref: VariantRef) -> dict[str, object]:
+    return {
+        "key": ref.key,
+        "width": ref.width,
+        "height": ref.height,
+        "bytes": ref.size,
+        "contentType": ref.content_type,
+    }
+
+
+def _variant(document: object, where: str) -> VariantRef:
+    members = _members(document, _VARIANT_KEYS, where)
+    try:
+        return VariantRef(
+            key=members["key"],
+            width=members["width"],
+            height=members["height"],
+            size=members["bytes"],
+            content_type=members["contentType"],
+        )
+    except InvalidPayload as error:
+        raise InvalidPayload(f"{where}.{error}") from None
+
+
+def _members(document: object, keys: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    """`document` as an object with exactly `keys`: a missing key or an unknown one is refused."""
+    if not isinstance(document, Mapping):
+        raise InvalidPayload(f"{where} must be an object, got {document!r}")
+    if missing := [key for key in keys if key not in document]:
+        raise InvalidPayload(f"{where} lacks {', '.join(missing)}")
+    if unknown := [repr(key) for key in document if key not in keys]:
+        raise InvalidPayload(f"{where} has unknown keys {', '.join(unknown)}")
+    return document
+
+
+def _uuid(key: str, value: object) -> UUID:
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
+
+
+def _instant(key: str, value: object) -> datetime:
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    raise InvalidPayload(f"{key} must be an ISO-8601 date and time, got {value!r}")
+
+
+# --- photo.failed (SPEC 12) ---------------------------------------------------------------------
+
+PHOTO_FAILED = "photo.failed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,79 +259,8 @@ _FAILED_KEYS = (
     "attempt",
     "failedAt",
 )
-_PAYLOAD_KEYS = (
-    "schemaVersion",
-    "photoId",
-    "albumId",
-    "entityVersion",
-    "publishedAt",
-    "width",
-    "height",
-    "variants",
-)
-_VARIANT_KEYS = ("key", "width", "height", "bytes", "contentType")
-
-
-def _at_least(low: int, **values: object) -> None:
-    for key, value in values.items():
-        # True is an int to Python, never a width or a version to a consumer.
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise InvalidPayload(f"{key} must be an integer of at least {low}, got {value!r}")
 
 
 def _utc_text(instant: datetime) -> str:
     """ISO-8601 in UTC, spelt with "Z"."""
     return instant.isoformat().removesuffix("+00:00") + "Z"
-
-
-def _variant_json(ref: VariantRef) -> dict[str, object]:
-    return {
-        "key": ref.key,
-        "width": ref.width,
-        "height": ref.height,
-        "bytes": ref.size,
-        "contentType": ref.content_type,
-    }
-
-
-def _variant(document: object, where: str) -> VariantRef:
-    members = _members(document, _VARIANT_KEYS, where)
-    try:
-        return VariantRef(
-            key=members["key"],
-            width=members["width"],
-            height=members["height"],
-            size=members["bytes"],
-            content_type=members["contentType"],
-        )
-    except InvalidPayload as error:
-        raise InvalidPayload(f"{where}.{error}") from None
-
-
-def _members(document: object, keys: tuple[str, ...], where: str) -> Mapping[str, Any]:
-    """`document` as an object with exactly `keys`: a missing key or an unknown one is refused."""
-    if not isinstance(document, Mapping):
-        raise InvalidPayload(f"{where} must be an object, got {document!r}")
-    if missing := [key for key in keys if key not in document]:
-        raise InvalidPayload(f"{where} lacks {', '.join(missing)}")
-    if unknown := [repr(key) for key in document if key not in keys]:
-        raise InvalidPayload(f"{where} has unknown keys {', '.join(unknown)}")
-    return document
-
-
-def _uuid(key: str, value: object) -> UUID:
-    if isinstance(value, str):
-        try:
-            return UUID(value)
-        except ValueError:
-            pass
-    raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
-
-
-def _instant(key: str, value: object) -> datetime:
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value)
-        except ValueError:
-            pass
-    raise InvalidPayload(f"{key} must be an ISO-8601 date and time, got {value!r}")
