@@ -1,4 +1,4 @@
-"""The relay's PutEvents entries (SPEC 11) and how they are grouped into calls (10, 256 KB)."""
+"""The relay's PutEvents entries (SPEC 11), how they are grouped into calls (10, 256 KB), and its settings."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from photo_publish.relay import MAX_CALL_BYTES, MAX_ENTRIES, SOURCE, Waiting, calls, entry, entry_size
+from photo_publish.settings import InvalidSettings, Settings
 
 CREATED = datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)
 
@@ -64,3 +65,42 @@ def test_entries_are_grouped_in_order_into_calls_within_both_limits(
     for call in result:
         assert len(call) <= MAX_ENTRIES
         assert sum(sizes[i] for i in call) <= MAX_CALL_BYTES
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("", True),  # no bus: no hand-off, and the relay refuses to start
+        ("photo-publish-prod", True),
+        ("arn:aws:events:eu-west-1:123456789012:event-bus/photo-publish-prod", True),
+        ("photo publish", False),
+        ("arn:aws:sqs:eu-west-1:123456789012:photo-publish-prod", False),
+        ("x" * 257, False),
+    ],
+)
+def test_the_bus_is_named_by_its_name_or_its_arn(value: str, valid: bool) -> None:
+    environ = {
+        "DATABASE_URL": "postgresql://x",
+        "PHOTO_BUCKET": "bucket",
+        "STAGE": "dev",
+        "EVENT_BUS_NAME": value,
+    }
+    if valid:
+        assert Settings.from_env(environ).event_bus_name == value
+    else:
+        with pytest.raises(InvalidSettings, match=r"^EVENT_BUS_NAME must match"):
+            Settings.from_env(environ)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        ("EVENT_HANDOFF_TIMEOUT_SECONDS", "0", "must be between 0.1 and 10"),
+        ("EVENT_HANDOFF_TIMEOUT_SECONDS", "30", "must be between 0.1 and 10"),
+        ("OUTBOX_RETENTION_DAYS", "0", "must be at least 1"),
+    ],
+)
+def test_the_relays_numbers_are_checked_at_cold_start(name: str, value: str, rule: str) -> None:
+    environ = {"DATABASE_URL": "postgresql://x", "PHOTO_BUCKET": "bucket", "STAGE": "dev", name: value}
+    with pytest.raises(InvalidSettings, match=f"^{name} {rule}"):
+        Settings.from_env(environ)
