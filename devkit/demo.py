@@ -1,8 +1,11 @@
-"""`make demo`: real photos from an S3 upload to published variants, rows and outbox events.
+"""`make demo`: real photos from an S3 upload to published variants, rows and outbox events, and
+the events a subscriber of the bus receives.
 
-Everything runs on this machine: an embedded PostgreSQL (or DATABASE_URL), moto's S3 + SQS server
-on loopback (or AWS_ENDPOINT_URL), the bucket's notification to the queue, and the local poller
-feeding the real process handler. DEMO_PHOTOS=<folder> runs it on your own photos.
+Everything runs on this machine: an embedded PostgreSQL (or DATABASE_URL), moto's S3 + SQS +
+EventBridge server on loopback (or AWS_ENDPOINT_URL), the bucket's notification to the queue, the
+local poller feeding the real process handler, the sweep and the relay on their schedules, and a
+subscriber's rule on the bus to a queue the demo reads. DEMO_PHOTOS=<folder> runs it on your own
+photos.
 """
 
 from __future__ import annotations
@@ -79,15 +82,35 @@ def counts(engine: Engine) -> collections.Counter[str]:
         return collections.Counter({state: n for state, n in rows})
 
 
-def outcomes(log_path: Path) -> collections.Counter[str]:
-    """Deliveries by outcome, read from the function's own structured logs (as Logs Insights would)."""
+def outcomes(log_path: Path) -> tuple[collections.Counter[str], int]:
+    """Deliveries by outcome, and the events handed off to the bus right after their commits, read
+    from the function's own structured logs (as Logs Insights would)."""
     tally: collections.Counter[str] = collections.Counter()
+    handed_off = 0
     for line in log_path.read_text().splitlines():
         if line.startswith("{"):
             entry = json.loads(line)
             if entry.get("message") == "photo processed":
                 tally[entry["outcome"]] += 1
-    return tally
+                handed_off += (entry.get("handoff") or {}).get("sent", 0)
+    return tally, handed_off
+
+
+def bus_events(
+    received: list[dict[str, Any]], engine: Engine, handed_off: int, relays: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What the subscriber received, against the outbox: every row once, by the hand-off or the relay."""
+    with engine.connect() as connection:
+        rows = set(map(str, connection.scalars(select(OutboxEvent.id))))
+    ids = collections.Counter(e["detail"]["eventId"] for e in received)
+    return {
+        "received": len(received),
+        "byType": dict(collections.Counter(e["detail-type"] for e in received)),
+        "everyOutboxRowOnce": set(ids) == rows and all(n == 1 for n in ids.values()),
+        "handedOff": handed_off,
+        "relayed": sum(r["published"] for r in relays),
+        "relayRuns": len(relays),
+    }
 
 
 @dataclass
@@ -97,6 +120,7 @@ class Stack:
     s3: Any
     sqs: Any
     queues: stack.Queues
+    subscriber: stack.Subscriber
 
 
 def start_stack(url: str) -> Stack:
@@ -107,20 +131,31 @@ def start_stack(url: str) -> Stack:
         sqs, f"photo-publish-demo-{uuid.uuid4().hex[:6]}", max_receive_count=5, visibility_timeout=60
     )
     stack.create_bucket(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    # The bus, as the template makes it, and a consuming service's rule to its own queue.
+    subscriber = stack.subscribe(stack.events_client(), sqs, f"photo-publish-demo-{uuid.uuid4().hex[:6]}")
     settings = Settings(
         database_url=url,
         photo_bucket=BUCKET,
         stage=STAGE,
         process_queue_url=queues.url,
         dead_letter_queue_url=queues.dead_letter_url,
+        event_bus_name=subscriber.bus_name,
     )
     function_environment(settings)
-    return Stack(settings, create_database_engine(settings), s3, sqs, queues)
+    return Stack(settings, create_database_engine(settings), s3, sqs, queues, subscriber)
 
 
-def deliver(local: Stack, count: int, log: TextIO, started: float) -> tuple[float, int]:
-    """The local event source and the sweep's schedule, until every photo has settled."""
-    process, sweep = handlers.load("process"), handlers.load("sweep")
+@dataclass
+class Delivered:
+    render_seconds: float
+    sweeps: int
+    # The relay's runs (its summaries): what the process function's hand-off left behind.
+    relays: list[dict[str, Any]]
+
+
+def deliver(local: Stack, count: int, log: TextIO, started: float) -> Delivered:
+    """The local event source and the sweep's and relay's schedules, until every photo has settled."""
+    process, sweep, relay = handlers.load("process"), handlers.load("sweep"), handlers.load("relay")
     # The function logs JSON to stdout, as in Lambda; here it goes to a file beside the report.
     for handler in logging.getLogger(os.environ["POWERTOOLS_SERVICE_NAME"]).handlers:
         if isinstance(handler, logging.StreamHandler):
@@ -130,6 +165,11 @@ def deliver(local: Stack, count: int, log: TextIO, started: float) -> tuple[floa
     # The sweep on its schedule (rate(1 minute) in the template), as EventBridge would run it.
     poller.schedule.append(
         (60.0, lambda: sweeps.append(sweep.lambda_handler({"source": "aws.events"}, LambdaContext(60))))
+    )
+    # The relay on its own: it sends what the hand-offs after the commits could not.
+    relays: list[dict[str, Any]] = []
+    poller.schedule.append(
+        (60.0, lambda: relays.append(relay.lambda_handler({"source": "aws.events"}, LambdaContext(60))))
     )
 
     def progress() -> None:
@@ -157,7 +197,9 @@ def deliver(local: Stack, count: int, log: TextIO, started: float) -> tuple[floa
                     QueueUrl=local.queues.url, MessageBody=json.dumps({"photoId": str(photo_id)})
                 )
         poller.run_until(lambda: False, deadline_seconds=3)
-    return render_seconds, len(sweeps)
+        # One more relay run, as the next minute's would: nothing may be left behind.
+        relays.append(relay.lambda_handler({"source": "aws.events"}, LambdaContext(60)))
+    return Delivered(render_seconds, len(sweeps), relays)
 
 
 def run() -> dict[str, Any]:
@@ -168,7 +210,10 @@ def run() -> dict[str, Any]:
     with stack.database(ROOT / ".local" / "postgres", name="photo_publish_demo") as url, stack.aws_endpoint():
         started = time.perf_counter()
         local = start_stack(url)
-        print(f"  stack ready in {time.perf_counter() - started:.1f}s (PostgreSQL, S3, SQS)", flush=True)
+        print(
+            f"  stack ready in {time.perf_counter() - started:.1f}s (PostgreSQL, S3, SQS, EventBridge)",
+            flush=True,
+        )
 
         album_id = uuid.uuid4()
         names = {}
@@ -180,32 +225,44 @@ def run() -> dict[str, Any]:
         print(f"  uploaded {len(photos)} originals to s3://{BUCKET}/{STAGE}/originals/", flush=True)
 
         with log_path.open("w") as log:
-            render_seconds, sweeps = deliver(local, len(photos), log, started)
+            delivered = deliver(local, len(photos), log, started)
         wall = time.perf_counter() - started
 
         with local.engine.connect() as connection:
             events = connection.scalar(select(func.count()).select_from(OutboxEvent)) or 0
-        page = report.write(OUTPUT, local.engine, local.s3, BUCKET, names)
-        delivered = outcomes(log_path)
+        # What a consuming service got: the bus's events, through its rule, in its queue.
+        received = stack.received(local.sqs, local.subscriber.queue_url)
+        (OUTPUT / "events.json").write_text(json.dumps(received, indent=2) + "\n")
+        page = report.write(OUTPUT, local.engine, local.s3, BUCKET, names, received=received)
+        tally, handed_off = outcomes(log_path)
         summary = {
             "photos": len(photos),
             "published": counts(local.engine)["ready"],
-            "already": delivered["already"],
+            "already": tally["already"],
             "failed": report.failures(local.engine),
             "outboxEvents": events,
-            "deliveries": dict(delivered),
-            "sweeps": sweeps,
+            "busEvents": bus_events(received, local.engine, handed_off, delivered.relays),
+            "deliveries": dict(tally),
+            "sweeps": delivered.sweeps,
             "wallSeconds": round(wall, 2),
-            "renderSeconds": round(render_seconds, 2),
-            "photosPerSecond": round(len(photos) / render_seconds, 2),
+            "renderSeconds": round(delivered.render_seconds, 2),
+            "photosPerSecond": round(len(photos) / delivered.render_seconds, 2),
         }
         (OUTPUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         local.engine.dispose()
+    bus = summary["busEvents"]
     print(
         f"  done in {wall:.1f}s: {summary['published']} published, failed {summary['failed']}, "
         f"{summary['already']} duplicate deliveries answered 'already', {events} outbox events"
     )
-    print(f"  report:  {page}\n  summary: {OUTPUT / 'summary.json'}\n  logs:    {log_path}")
+    print(
+        f"  the bus's subscriber received {bus['received']} events {bus['byType']} "
+        f"({bus['handedOff']} handed off after their commits, {bus['relayed']} by the relay)"
+    )
+    print(
+        f"  report:  {page}\n  summary: {OUTPUT / 'summary.json'}\n  events:  {OUTPUT / 'events.json'}"
+        f"\n  logs:    {log_path}"
+    )
     return summary
 
 

@@ -26,6 +26,8 @@ td { padding: 2px 8px; vertical-align: top; } td:first-child { color: #777; }
 .missing { color: #c0392b; font-weight: 600; }
 .placeholder img { width: 200px; } .swatch { display: inline-block; width: 1em; height: 1em;
          vertical-align: middle; border: 1px solid #0002; }
+table.events { background: #fff; margin-bottom: 1.5rem; } .events th { text-align: left; padding: 2px 8px; }
+.events td:first-child { color: inherit; }
 """
 
 
@@ -37,7 +39,39 @@ def failures(engine: Engine) -> dict[str, int]:
         return dict(collections.Counter(codes))
 
 
-def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, str]) -> Path:
+def events_table(received: list[dict[str, Any]], names: dict[UUID, str]) -> str:
+    """The events a subscriber of the bus received, as it received them."""
+    rows = []
+    for envelope in received:
+        data = envelope["detail"]["data"]
+        name = names.get(UUID(data["photoId"]), data["photoId"])
+        cells = [
+            envelope["detail-type"],
+            name,
+            data.get("entityVersion"),
+            data.get("errorCode", "-"),
+            envelope["detail"]["eventId"],
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return (
+        f"<h2>Events a subscriber of the bus received ({len(received)})</h2>"
+        "<p>A rule on the bus (source <code>photo-publish</code>) to the subscriber's queue: each event's "
+        "<code>detail</code> is <code>{eventId, data}</code>; consumers deduplicate on eventId and order a "
+        "photo's events by entityVersion.</p>"
+        "<table class=events><tr><th>detail-type</th><th>photo</th><th>entityVersion</th><th>errorCode</th>"
+        "<th>eventId</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def write(
+    output: Path,
+    engine: Engine,
+    s3: Any,
+    bucket: str,
+    names: dict[UUID, str],
+    *,
+    received: list[dict[str, Any]] | None = None,
+) -> Path:
     images = output / "variants"
     images.mkdir(parents=True, exist_ok=True)
     with engine.connect() as connection:
@@ -51,6 +85,7 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
         events = collections.Counter(
             connection.scalars(select(OutboxEvent.aggregate_id).where(OutboxEvent.aggregate_id.in_(names)))
         )
+    on_bus = collections.Counter(UUID(e["detail"]["data"]["photoId"]) for e in received or [])
 
     sections = []
     for photo_id, name in names.items():
@@ -84,6 +119,7 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
             "error_code": photo.error_code or "-",
             "job": f"{job.status}, attempt {job.attempt}" if job else "-",
             "outbox events": events[photo_id],
+            "events on the bus": on_bus[photo_id],
             "photo id": photo_id,
         }
         rows = "".join(f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items())
@@ -98,7 +134,9 @@ def write(output: Path, engine: Engine, s3: Any, bucket: str, names: dict[UUID, 
     page.write_text(
         f"<!doctype html><meta charset=utf-8><title>photo-publish demo</title><style>{STYLE}</style>"
         f"<h1>photo-publish demo</h1><p class=summary>{ready} of {len(names)} photos published, "
-        f"{sum(events.values())} outbox events. Variants as stored in S3 (WebP, metadata stripped).</p>"
+        f"{sum(events.values())} outbox events, {sum(on_bus.values())} received from the bus. Variants as "
+        "stored in S3 (WebP, metadata stripped).</p>"
+        + (events_table(received, names) if received is not None else "")
         + "".join(sections)
     )
     return page

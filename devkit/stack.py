@@ -1,7 +1,8 @@
-"""The local stack: PostgreSQL, S3 and SQS on loopback, and the wiring between them.
+"""The local stack: PostgreSQL, S3, SQS and EventBridge on loopback, and the wiring between them.
 
 Every embedded default yields to its setting (SPEC 10): DATABASE_URL names a database to use
-instead of an embedded one, AWS_ENDPOINT_URL (or _S3 / _SQS) an endpoint instead of moto's server.
+instead of an embedded one, AWS_ENDPOINT_URL (or _S3 / _SQS / _EVENTBRIDGE) an endpoint instead of
+moto's server.
 LOCALSTACK=1 (set by scripts/localstack) says that endpoint is LocalStack: it must answer, and
 devkit's own clients come from localstack-client.
 """
@@ -33,6 +34,15 @@ class Queues:
     arn: str
     dead_letter_url: str
     dead_letter_arn: str
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    """An event bus and a consumer of it: a rule for the relay's events, to a queue."""
+
+    bus_name: str
+    bus_arn: str
+    queue_url: str
 
 
 def migrate(database_url: str) -> None:
@@ -124,7 +134,15 @@ def aws_endpoint() -> Iterator[None]:
             if added:
                 os.environ.pop("AWS_ENDPOINT_URL", None)
         return
-    if any(os.environ.get(v) for v in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS")):
+    if any(
+        os.environ.get(v)
+        for v in (
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_ENDPOINT_URL_SQS",
+            "AWS_ENDPOINT_URL_EVENTBRIDGE",
+        )
+    ):
         yield
         return
     from moto.server import ThreadedMotoServer
@@ -187,6 +205,65 @@ def drop_test_events(sqs: Any, queue_url: str) -> None:
     ):
         for message in messages:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def subscribe(events: Any, sqs: Any, name: str, *, source: str = "photo-publish") -> Subscriber:
+    """A custom bus `name`, as the template creates it, and what a consuming service would add: a
+    rule matching the relay's events (by their Source) that sends them to a queue of its own."""
+    bus_arn = events.create_event_bus(Name=name)["EventBusArn"]
+    queue_url = sqs.create_queue(QueueName=f"{name}-subscriber")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    rule_arn = events.put_rule(
+        Name=f"{name}-subscriber", EventBusName=name, EventPattern=json.dumps({"source": [source]})
+    )["RuleArn"]
+    # EventBridge may send to the queue only from that rule (AWS checks it; the emulators need not).
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "events.amazonaws.com"},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+                "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
+            }
+        ],
+    }
+    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
+    events.put_targets(
+        Rule=f"{name}-subscriber", EventBusName=name, Targets=[{"Id": "subscriber", "Arn": queue_arn}]
+    )
+    return Subscriber(name, bus_arn, queue_url)
+
+
+def received(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
+    """The EventBridge events the subscriber's queue holds, in the order it gives them; deleted."""
+    found: list[dict[str, Any]] = []
+    while messages := sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=60
+    ).get("Messages"):
+        found.extend(json.loads(m["Body"]) for m in messages)
+        sqs.delete_message_batch(
+            QueueUrl=queue_url,
+            Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+        )
+    return found
+
+
+def events_client() -> Any:
+    """An EventBridge client for devkit and the tests (the functions build their own, with boto3)."""
+    if localstack():
+        from localstack_client.session import Session
+
+        session = Session(
+            aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
+            aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
+            region_name=os.environ.get("AWS_DEFAULT_REGION", REGION),
+        )
+        return session.client("events")
+    return boto3.client("events")
 
 
 def clients() -> tuple[Any, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from botocore.exceptions import EndpointConnectionError
@@ -69,3 +73,88 @@ def connection_killed(
     finally:
         event.remove(engine, "before_cursor_execute", before_cursor_execute)
         event.remove(engine, "commit", before_commit)
+
+
+@dataclass
+class PutEventsCall:
+    """One PutEvents call as the code made it: its entries' details, which were accepted, and when
+    it started (time.monotonic)."""
+
+    details: list[dict[str, Any]]
+    accepted: list[bool]
+    started: float = field(default_factory=time.monotonic)
+
+
+class _PutEventsFaults:
+    """botocore's hooks of one PutEvents call: entries taken out before it, answered as failed after."""
+
+    def __init__(
+        self,
+        refuse: Callable[[int, dict[str, Any]], bool],
+        unreachable: Callable[[int], bool],
+        code: str,
+    ) -> None:
+        self.calls: list[PutEventsCall] = []
+        self._refuse, self._unreachable, self._code = refuse, unreachable, code
+        self._lock = threading.Lock()
+
+    def before_parameter_build(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        entries = list(params["Entries"])
+        call = PutEventsCall([json.loads(e["Detail"]) for e in entries], [True] * len(entries))
+        with self._lock:
+            number = len(self.calls)
+            self.calls.append(call)
+        if self._unreachable(number):
+            call.accepted = [False] * len(entries)
+            context["refusing"] = None
+            return
+        refused = [i for i, detail in enumerate(call.details) if self._refuse(number, detail)]
+        for i in refused:
+            call.accepted[i] = False
+        context["refusing"] = (len(entries), refused)
+        if len(refused) < len(entries):
+            params["Entries"] = [e for i, e in enumerate(entries) if i not in refused]
+
+    def before_call(self, context: dict[str, Any], **_: Any) -> Any:
+        if context["refusing"] is None:
+            raise EndpointConnectionError(endpoint_url="http://unreachable.invalid")
+        total, refused = context["refusing"]
+        if len(refused) == total:
+            # Nothing to send: EventBridge answers without any entry reaching the bus.
+            return SimpleNamespace(status_code=200, headers={}), {"FailedEntryCount": 0, "Entries": []}
+        return None
+
+    def after_call(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        total, refused = context["refusing"]
+        sent = iter(parsed.get("Entries", []))
+        failure = {"ErrorCode": self._code, "ErrorMessage": "injected"}
+        parsed["Entries"] = [failure if i in refused else next(sent) for i in range(total)]
+        parsed["FailedEntryCount"] = parsed.get("FailedEntryCount", 0) + len(refused)
+
+
+@contextmanager
+def put_events_refusing(
+    client: Any,
+    refuse: Callable[[int, dict[str, Any]], bool] = lambda call, detail: False,
+    *,
+    unreachable: Callable[[int], bool] = lambda call: False,
+    code: str = "InternalFailure",
+) -> Iterator[list[PutEventsCall]]:
+    """PutEvents fails entry by entry, as EventBridge does in a partial failure: `refuse(call,
+    detail)` picks the entries answered with `code` (an ErrorCode in their place, FailedEntryCount
+    up); the others really reach the bus. `unreachable(call)` fails a whole call instead, as an
+    unreachable endpoint does. Yields every call made, in the order they started (numbered from 0
+    across the threads that share the client), each entry marked accepted or not."""
+    faults = _PutEventsFaults(refuse, unreachable, code)
+    handlers = (
+        ("before-parameter-build.events.PutEvents", faults.before_parameter_build),
+        ("before-call.events.PutEvents", faults.before_call),
+        ("after-call.events.PutEvents", faults.after_call),
+    )
+    for name, handler in handlers:
+        client.meta.events.register(name, handler)
+    try:
+        yield faults.calls
+    finally:
+        for name, handler in handlers:
+            client.meta.events.unregister(name, handler)

@@ -4,13 +4,13 @@ Set by the publish transaction, carried by photo.published (schema version 2). N
 published before this migration have none until they are rendered again.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 """
 
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -23,19 +23,22 @@ from sqlalchemy import Engine
 
 from photo_publish.database import create_database_engine
 from photo_publish.queue import SqsQueue
-from photo_publish.settings import Settings
+from photo_publish.settings import InvalidSettings, Settings
 
 if TYPE_CHECKING:
     from aws_lambda_powertools import Metrics
+    from mypy_boto3_events import EventBridgeClient
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_secretsmanager import SecretsManagerClient
     from mypy_boto3_sqs import SQSClient
 
     from photo_publish.delivery import ConcurrentBatchProcessor, Delivery
+    from photo_publish.relay import Relay
     from photo_publish.sweep import Sweeper
 
-# boto3 reads AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS itself (LocalStack,
-# MinIO, a local server), so nothing here knows about endpoints.
+# boto3 reads AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS /
+# AWS_ENDPOINT_URL_EVENTBRIDGE itself (LocalStack, MinIO, a local server), so nothing here knows
+# about endpoints.
 _CLIENT_CONFIG = Config(
     retries={"mode": "standard", "max_attempts": 3},
     connect_timeout=3,
@@ -95,6 +98,27 @@ def sqs_client() -> SQSClient:
 
 
 @_Once
+def events_client() -> EventBridgeClient:
+    """The relay's: its own tries (only the entries that failed) are the retries."""
+    return session().client(
+        "events", config=_CLIENT_CONFIG.merge(Config(retries={"total_max_attempts": 1}, read_timeout=10))
+    )
+
+
+@_Once
+def handoff_events_client() -> EventBridgeClient:
+    """The process function's hand-off after a commit: one short try, never a wait on a slow bus
+    (the relay sends what it could not)."""
+    timeout = settings().event_handoff_timeout_seconds
+    return session().client(
+        "events",
+        config=_CLIENT_CONFIG.merge(
+            Config(retries={"total_max_attempts": 1}, connect_timeout=timeout, read_timeout=timeout)
+        ),
+    )
+
+
+@_Once
 def secrets_client() -> SecretsManagerClient:
     return session().client("secretsmanager", config=_CLIENT_CONFIG)
 
@@ -122,9 +146,31 @@ def delivery(metrics: Metrics) -> Delivery:
 
     config = settings()
     service = PhotoService(
-        PhotoRepository(engine()), S3Store(s3_client(), config.photo_bucket), queue(), config
+        PhotoRepository(engine()),
+        S3Store(s3_client(), config.photo_bucket),
+        queue(),
+        config,
+        events=handoff() if config.event_bus_name else None,
     )
     return Delivery(service, queue(), config, metrics)
+
+
+@_Once
+def handoff() -> Relay:
+    from photo_publish.relay import EventBridgeBus, Relay
+
+    config = settings()
+    return Relay(engine(), EventBridgeBus(handoff_events_client(), config.event_bus_name), config)
+
+
+@_Once
+def relay() -> Relay:
+    from photo_publish.relay import EventBridgeBus, Relay
+
+    config = settings()
+    if not config.event_bus_name:
+        raise InvalidSettings("EVENT_BUS_NAME is required: the relay has no bus to publish to")
+    return Relay(engine(), EventBridgeBus(events_client(), config.event_bus_name), config)
 
 
 @_Once
@@ -150,10 +196,14 @@ def reset() -> None:
         session,
         s3_client,
         sqs_client,
+        events_client,
+        handoff_events_client,
         secrets_client,
         engine,
         queue,
         delivery,
+        handoff,
+        relay,
         batch_processor,
         sweeper,
     ):

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Self
 from uuid import UUID
 
+from photo_publish.errors import ErrorCode
+
 PHOTO_PUBLISHED = "photo.published"
 # A published photo's variants re-rendered at a newer recipe (SPEC 14): the same payload.
 PHOTO_VARIANTS_UPDATED = "photo.variants_updated"
@@ -234,3 +236,90 @@ def _instant(key: str, value: object) -> datetime:
         except ValueError:
             pass
     raise InvalidPayload(f"{key} must be an ISO-8601 date and time, got {value!r}")
+
+
+# --- photo.failed (SPEC 12) ---------------------------------------------------------------------
+
+PHOTO_FAILED = "photo.failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhotoFailedPayload:
+    """SPEC 12: written in the transaction that marks a permanent or final failure of a photo that
+    is not published. `kind` is "permanent" (the user's file: uploading it again is the way out) or
+    "final" (attempts spent or the worker lost: an operator may retry it)."""
+
+    schema_version: Literal[1] = 1
+    photo_id: UUID
+    album_id: UUID
+    # Unchanged by a failure (only a publication bumps it): consumers order a photo's events by it.
+    entity_version: int
+    error_code: ErrorCode
+    kind: Literal["permanent", "final"]
+    attempt: int
+    failed_at: datetime
+
+    def __post_init__(self) -> None:
+        if type(self.schema_version) is not int or self.schema_version != 1:
+            raise InvalidPayload(f"schemaVersion must be 1, got {self.schema_version!r}")
+        for key, value in (("photoId", self.photo_id), ("albumId", self.album_id)):
+            if not isinstance(value, UUID):
+                raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
+        _at_least(1, entityVersion=self.entity_version, attempt=self.attempt)
+        if not isinstance(self.error_code, ErrorCode):
+            raise InvalidPayload(f"errorCode must be one of the error codes, got {self.error_code!r}")
+        if self.kind not in ("permanent", "final"):
+            raise InvalidPayload(f"kind must be permanent or final, got {self.kind!r}")
+        if not isinstance(self.failed_at, datetime) or self.failed_at.utcoffset() is None:
+            raise InvalidPayload(f"failedAt must carry a time zone, got {self.failed_at!r}")
+        object.__setattr__(self, "failed_at", self.failed_at.astimezone(UTC))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schemaVersion": self.schema_version,
+            "photoId": str(self.photo_id),
+            "albumId": str(self.album_id),
+            "entityVersion": self.entity_version,
+            "errorCode": self.error_code.value,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "failedAt": _utc_text(self.failed_at),
+        }
+
+    @classmethod
+    def from_json(cls, document: object) -> Self:
+        """A consumer's reading of `to_json`'s document: every key present, no other, each valid."""
+        members = _members(document, _FAILED_KEYS, "payload")
+        try:
+            code = ErrorCode(members["errorCode"])
+        except ValueError:
+            raise InvalidPayload(
+                f"errorCode must be one of the error codes, got {members['errorCode']!r}"
+            ) from None
+        return cls(
+            schema_version=members["schemaVersion"],
+            photo_id=_uuid("photoId", members["photoId"]),
+            album_id=_uuid("albumId", members["albumId"]),
+            entity_version=members["entityVersion"],
+            error_code=code,
+            kind=members["kind"],
+            attempt=members["attempt"],
+            failed_at=_instant("failedAt", members["failedAt"]),
+        )
+
+
+_FAILED_KEYS = (
+    "schemaVersion",
+    "photoId",
+    "albumId",
+    "entityVersion",
+    "errorCode",
+    "kind",
+    "attempt",
+    "failedAt",
+)
+
+
+def _utc_text(instant: datetime) -> str:
+    """ISO-8601 in UTC, spelt with "Z"."""
+    return instant.isoformat().removesuffix("+00:00") + "Z"

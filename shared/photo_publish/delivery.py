@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Metrics
@@ -140,11 +141,26 @@ class Delivery:
             error_code=result.code,
             retry_in=result.retry_in,
             steps_ms=None if result.steps is None else result.steps.milliseconds(),
+            handoff=None if result.handoff is None else asdict(result.handoff),
         )
         with self._metrics_lock:
             self._metrics.add_metric(name=f"Photos_{result.outcome}", unit=MetricUnit.Count, value=1)
             if result.code is not None:
                 self._metrics.add_metric(name=f"Failures_{result.code}", unit=MetricUnit.Count, value=1)
+            if result.handoff is not None:
+                # Failed hand-offs are not errors (the relay delivers): a rising count says the
+                # bus, or the way to it, is unwell.
+                self._metrics.add_metric(
+                    name="EventsHandedOff", unit=MetricUnit.Count, value=result.handoff.sent
+                )
+                self._metrics.add_metric(
+                    name="EventHandOffFailures", unit=MetricUnit.Count, value=int(result.handoff.failed)
+                )
+                self._metrics.add_metric(
+                    name="EventHandOffDuration",
+                    unit=MetricUnit.Milliseconds,
+                    value=result.handoff.seconds * 1000,
+                )
             if result.steps is not None:
                 self._metrics.add_metric(
                     name="RenderDuration", unit=MetricUnit.Milliseconds, value=result.steps.render * 1000

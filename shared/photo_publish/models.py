@@ -147,6 +147,17 @@ class OutboxEvent(Base):
     __table_args__ = (
         # A relay reads the unpublished events in order; published ones leave the index.
         Index("outbox_events_unpublished_idx", "created_at", postgresql_where=text("published_at IS NULL")),
+        # Migration 0005: a photo's waiting events (the relay's per-photo order, the hand-off), and
+        # the published rows past their retention.
+        Index(
+            "outbox_events_unpublished_photo_idx",
+            "aggregate_id",
+            "created_at",
+            postgresql_where=text("published_at IS NULL"),
+        ),
+        Index(
+            "outbox_events_published_idx", "published_at", postgresql_where=text("published_at IS NOT NULL")
+        ),
     )
 
     id: Mapped[UUID] = mapped_column(primary_key=True, server_default=func.gen_random_uuid())

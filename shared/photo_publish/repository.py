@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -21,8 +21,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from photo_publish.contracts import (
+    PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
+    PhotoFailedPayload,
     PhotoPublishedPayload,
     Placeholder,
     PublishedVariants,
@@ -472,7 +474,8 @@ class PhotoRepository:
             )
 
     def fail(self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False) -> bool:
-        """Job `failed`, photo `processing_failed` (never a published one); False if fenced out.
+        """Job `failed`, photo `processing_failed` (never a published one) with its `photo.failed`
+        event; False if fenced out.
 
         A final failure also records that its dead letter is owed, in the same transaction: whoever
         sends it clears that, and if nobody does, a redelivery or the sweep finds it owed.
@@ -481,12 +484,26 @@ class PhotoRepository:
         with self._transaction() as session:
             if not self._finish_job(session, photo_id, attempt, "failed", code, **owed):
                 return False
-            session.execute(
+            failed = session.execute(
                 update(Photo)
                 .where(Photo.id == photo_id, Photo.processing_state != "ready")
                 .values(processing_state="processing_failed", error_code=code.value, updated_at=func.now())
+                .returning(Photo.album_id, Photo.entity_version, Photo.updated_at)
                 .execution_options(synchronize_session=False)
-            )
+            ).one_or_none()
+            # A published photo is not downgraded, and gets no event: only a photo marked failed does.
+            if failed is not None:
+                session.add(
+                    failed_event(
+                        photo_id,
+                        album_id=failed.album_id,
+                        entity_version=failed.entity_version,
+                        code=code,
+                        attempt=attempt,
+                        failed_at=failed.updated_at,
+                        final=final,
+                    )
+                )
         return True
 
     def take_owed_dead_letter(self, photo_id: UUID, *, lease_seconds: int) -> OwedDeadLetter | float | None:
@@ -554,6 +571,31 @@ class PhotoRepository:
             .returning(PhotoJob.photo_id)
         )
         return result.first() is not None
+
+
+def failed_event(
+    photo_id: UUID,
+    *,
+    album_id: UUID,
+    entity_version: int,
+    code: ErrorCode,
+    attempt: int,
+    failed_at: datetime,
+    final: bool,
+) -> OutboxEvent:
+    """The outbox row of a photo marked `processing_failed` (SPEC 12), for that same transaction."""
+    payload = PhotoFailedPayload(
+        photo_id=photo_id,
+        album_id=album_id,
+        entity_version=entity_version,
+        error_code=code,
+        kind="final" if final else "permanent",
+        attempt=attempt,
+        failed_at=failed_at,
+    )
+    return OutboxEvent(
+        aggregate_type="photo", aggregate_id=photo_id, event_type=PHOTO_FAILED, payload=payload.to_json()
+    )
 
 
 # SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback

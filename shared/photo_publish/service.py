@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from functools import partial
@@ -17,6 +17,7 @@ from photo_publish.keys import variant_key
 from photo_publish.observability import logger
 from photo_publish.pipeline import Readable, RenderOptions, render
 from photo_publish.recipes import Recipe
+from photo_publish.relay import HandOff
 from photo_publish.repository import (
     Claimed,
     Exhausted,
@@ -81,6 +82,8 @@ class Result:
     # Seconds per step of a rendered attempt: find and claim the photo, stream its original in and
     # render, store the variants, commit.
     steps: Steps | None = None
+    # The hand-off of the event its commit wrote (SPEC 12), where one was tried.
+    handoff: HandOff | None = None
 
 
 class OriginalStream(Readable, Protocol):
@@ -99,15 +102,28 @@ class JobQueue(Protocol):
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
 
+class EventHandOff(Protocol):
+    def hand_off(self, photo_id: UUID) -> HandOff: ...
+
+
 class PhotoService:
     def __init__(
-        self, repository: PhotoRepository, store: ObjectStore, queue: JobQueue, settings: Settings
+        self,
+        repository: PhotoRepository,
+        store: ObjectStore,
+        queue: JobQueue,
+        settings: Settings,
+        *,
+        events: EventHandOff | None = None,
     ) -> None:
+        """`events` hands each committed event to the bus at once; without it (no bus configured)
+        the scheduled relay alone publishes them."""
         self._repository = repository
         self._store = store
         self._queue = queue
         self._settings = settings
         self._options = render_options(settings)
+        self._events = events
         self._recipe_checked = False
 
     def ensure_recipe(self) -> None:
@@ -260,6 +276,7 @@ class PhotoService:
             attempt=attempt,
             steps=steps,
             variant_bytes=sum(v.size for v in stored),
+            handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
         )
 
     def _failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
@@ -271,7 +288,7 @@ class PhotoService:
             if error.permanent:
                 if not self._repository.fail(photo_id, attempt, error.code):
                     return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
-                return Result(Outcome.FAILED, photo_id, error.code, attempt)
+                return Result(Outcome.FAILED, photo_id, error.code, attempt, handoff=self._hand_off(photo_id))
             if attempt >= self._settings.max_attempts:
                 return self._final_failure(photo_id, attempt, error)
             backoff = self._settings.backoff_seconds(attempt)
@@ -289,7 +306,13 @@ class PhotoService:
     def _final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
         if not self._repository.fail(photo_id, attempt, error.code, final=True):
             return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
-        return self._send_dead_letter(OwedDeadLetter(photo_id, attempt, error.code), error.detail)
+        handoff = self._hand_off(photo_id)
+        result = self._send_dead_letter(OwedDeadLetter(photo_id, attempt, error.code), error.detail)
+        return replace(result, handoff=handoff)
+
+    def _hand_off(self, photo_id: UUID) -> HandOff | None:
+        """After a commit that wrote an event: put it on the bus now (best effort, bounded)."""
+        return None if self._events is None else self._events.hand_off(photo_id)
 
     def _owed_dead_letter(self, photo_id: UUID) -> Result:
         """A delivery for a failed job: a duplicate, unless the job still owes its dead letter."""

@@ -33,6 +33,12 @@ def _pattern(pattern: str) -> dict[str, _Rule]:
     return {"rule": lambda value: None if re.fullmatch(pattern, value) else f"must match ^{pattern}$"}
 
 
+# An EventBridge bus name (PutEvents' EventBusName: a name, or a bus's ARN), or empty.
+_EVENT_BUS = (
+    r"(|[/.\-_A-Za-z0-9]{1,256}|arn:aws[a-z-]*:events:[a-z0-9-]+:[0-9]{12}:event-bus/[/.\-_A-Za-z0-9]{1,256})"
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Every number the template also knows arrives here as an environment variable (SPEC 11).
@@ -60,6 +66,14 @@ class Settings:
     stage: str = field(metadata=_pattern("[A-Za-z0-9_-]+"))
     process_queue_url: str = ""
     dead_letter_queue_url: str = ""
+    # The bus the outbox's events go to (SPEC 12): its name or ARN. Empty, the process function
+    # hands nothing off and the relay refuses to start.
+    event_bus_name: str = field(default="", metadata=_pattern(_EVENT_BUS))
+    # The process function's hand-off of its event right after its commit: one try, bounded by this
+    # (connect and read each), so a slow bus never holds the next record back for long.
+    event_handoff_timeout_seconds: float = field(default=1.0, metadata=_between(0.1, 10))
+    # Published outbox rows are deleted after this many days (the bus's archive keeps the events).
+    outbox_retention_days: int = field(default=7, metadata=_between(1))
 
     max_attempts: int = field(default=3, metadata=_between(1))
     max_receive_count: int = field(default=5, metadata=_between(1))

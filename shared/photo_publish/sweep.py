@@ -21,7 +21,7 @@ from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.models import Photo, PhotoJob, RetiredVariant
 from photo_publish.observability import logger
-from photo_publish.repository import OwedDeadLetter
+from photo_publish.repository import OwedDeadLetter, failed_event
 from photo_publish.settings import Settings
 
 
@@ -238,7 +238,7 @@ class Sweeper:
                 for row in rows
                 if row.status == "failed"
             ]
-            self._mark_photos_lost(session, [letter.photo_id for letter in lost])
+            self._mark_photos_lost(session, lost)
         return [row.photo_id for row in rows if row.status == "pending"], lost
 
     def _take_owed_dead_letters(self) -> list[OwedDeadLetter]:
@@ -281,18 +281,35 @@ class Sweeper:
         return len(letters) - len(sent)
 
     @staticmethod
-    def _mark_photos_lost(session: Session, photo_ids: list[UUID]) -> None:
-        if photo_ids:
-            session.execute(
-                update(Photo)
-                .where(and_(Photo.id.in_(photo_ids), Photo.processing_state != "ready"))
-                .values(
-                    processing_state="processing_failed",
-                    error_code=ErrorCode.WORKER_LOST.value,
-                    updated_at=func.now(),
-                )
-                .execution_options(synchronize_session=False)
+    def _mark_photos_lost(session: Session, lost: list[OwedDeadLetter]) -> None:
+        """The photos of final WORKER_LOST failures `processing_failed`, each with its `photo.failed`
+        event: only those the UPDATE marked (a published photo is neither downgraded nor told)."""
+        if not lost:
+            return
+        attempts = {letter.photo_id: letter.attempt for letter in lost}
+        marked = session.execute(
+            update(Photo)
+            .where(and_(Photo.id.in_(attempts), Photo.processing_state != "ready"))
+            .values(
+                processing_state="processing_failed",
+                error_code=ErrorCode.WORKER_LOST.value,
+                updated_at=func.now(),
             )
+            .returning(Photo.id, Photo.album_id, Photo.entity_version, Photo.updated_at)
+            .execution_options(synchronize_session=False)
+        ).all()
+        session.add_all(
+            failed_event(
+                row.id,
+                album_id=row.album_id,
+                entity_version=row.entity_version,
+                code=ErrorCode.WORKER_LOST,
+                attempt=attempts[row.id],
+                failed_at=row.updated_at,
+                final=True,
+            )
+            for row in marked
+        )
 
     def _send(self, photo_ids: list[UUID], *, spread_seconds: float = 0) -> list[UUID]:
         """Send job messages; the rows whose message failed lose their stamp, for a later run."""

@@ -36,12 +36,21 @@ def test_the_demo_publishes_every_good_photo_and_reports_it(tmp_path: Path) -> N
     assert summary["photos"] == 14
     assert summary["published"] == 13
     assert summary["failed"] == {"DECODE_FAILED": 1}
-    assert summary["outboxEvents"] == 13
+    assert summary["outboxEvents"] == 14  # 13 photo.published, 1 photo.failed
     assert summary["already"] == 13
+    # AND a subscriber of the bus received every outbox event once, each type, without waiting for
+    # the relay: the process function handed each off right after its commit
+    bus = summary["busEvents"]
+    assert bus["byType"] == {"photo.published": 13, "photo.failed": 1}
+    assert bus["everyOutboxRowOnce"] is True
+    assert bus["handedOff"] == 14 and bus["relayed"] == 0
+    received = json.loads((tmp_path / "events.json").read_text())
+    assert {e["source"] for e in received} == {"photo-publish"}
     assert summary["photosPerSecond"] > 0
     # AND the report shows each photo with its two variants, fetched from S3
     page = (tmp_path / "report.html").read_text()
     assert page.count('<section class="photo') == 14
+    assert "Events a subscriber of the bus received (14)" in page
     assert len(list((tmp_path / "variants").glob("*.webp"))) == 26
     # AND each published photo's placeholder beside it (its ThumbHash decoded, its average colour)
     assert len(list((tmp_path / "variants").glob("*-placeholder.png"))) == 13

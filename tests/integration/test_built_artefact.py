@@ -5,7 +5,8 @@ layers into .aws-sam/build. A python3.12 subprocess then imports a built handler
 runtime lays it out: the function's folder first, then the layers' `python` folders (/opt/python),
 then the runtime's own boto3 (/var/runtime), and nothing else (-I -S: no site-packages, no
 PYTHONPATH, not this repository's `shared/`). The process function publishes a real photo against
-the local stack (moto's server, embedded PostgreSQL); the sweep runs on its schedule's event.
+the local stack (moto's server, embedded PostgreSQL); the sweep and the relay run on their
+schedule's event.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import platform
 import subprocess
 import textwrap
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, insert, select
 
-from devkit import poller, samples, uploads
+from devkit import poller, samples, stack, uploads
 from photo_publish.models import OutboxEvent, Photo, PhotoVariant
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.integration.test_template import ROOT, python312, tool, tool_env
@@ -184,7 +186,7 @@ def test_the_built_layers_hold_python312_bytecode_and_the_pinned_packages(
     assert bytecode["missing"] == [] and bytecode["other"] == []
 
     # WHEN each built handler is imported by python3.12 with the layers
-    for function in ("ProcessFunction", "SweepFunction"):
+    for function in ("ProcessFunction", "SweepFunction", "RelayFunction"):
         loaded = run_built(function, runtime)
 
         # THEN every module comes from the build, at the pinned versions
@@ -277,6 +279,33 @@ def test_the_built_sweep_function_runs_on_its_schedule_event(
     invoked = run_built("SweepFunction", runtime, event=scheduled, env=function_env(infra))
     assert invoked["result"]["resentPending"] == 0
     assert invoked["result"]["outOfTime"] is False
+
+
+def test_the_built_relay_function_puts_the_waiting_events_on_the_bus(
+    build: dict[str, float], runtime: Path, infra: Infra, db: Engine
+) -> None:
+    # GIVEN a bus with a subscriber, and a published photo's event waiting in the outbox
+    subscriber = stack.subscribe(
+        stack.events_client(), infra.sqs, f"photo-publish-built-{uuid.uuid4().hex[:8]}"
+    )
+    infra.configure(event_bus_name=subscriber.bus_name)
+    photo_id = uuid.uuid4()
+    with db.begin() as connection:
+        connection.execute(
+            insert(OutboxEvent).values(
+                aggregate_type="photo", aggregate_id=photo_id, event_type="photo.published",
+                payload={"photoId": str(photo_id), "entityVersion": 2},
+            )
+        )  # fmt: skip
+
+    # WHEN the built relay runs on its schedule's event
+    scheduled = {"detail-type": "Scheduled Event", "source": "aws.events", "detail": {}}
+    invoked = run_built("RelayFunction", runtime, event=scheduled, env=function_env(infra))
+
+    # THEN the event reached the subscriber
+    assert invoked["result"]["published"] == 1
+    (envelope,) = stack.received(infra.sqs, subscriber.queue_url)
+    assert envelope["detail"]["data"] == {"photoId": str(photo_id), "entityVersion": 2}
 
 
 def test_a_cold_import_with_the_bytecode_beats_one_without(build: dict[str, float], runtime: Path) -> None:

@@ -19,6 +19,8 @@ from sqlalchemy import Engine, func, select, text, update
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
+from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, PhotoJob
 from tests.conftest import BUCKET, STAGE, Infra
@@ -30,14 +32,27 @@ process = handlers.load("process")
 PUBLISH_UPDATE = "UPDATE photos SET processing_state"
 
 
-def events(db: Engine, photo_id: UUID) -> int:
+def events(db: Engine, photo_id: UUID, event_type: str = PHOTO_PUBLISHED) -> int:
     with db.connect() as c:
         return (
             c.scalar(
-                select(func.count()).select_from(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)
+                select(func.count())
+                .select_from(OutboxEvent)
+                .where(OutboxEvent.aggregate_id == photo_id, OutboxEvent.event_type == event_type)
             )
             or 0
         )
+
+
+def failed_payloads(db: Engine, photo_id: UUID) -> list[PhotoFailedPayload]:
+    """The photo's photo.failed events, oldest first, as a consumer reads them."""
+    with db.connect() as c:
+        documents = c.scalars(
+            select(OutboxEvent.payload)
+            .where(OutboxEvent.aggregate_id == photo_id, OutboxEvent.event_type == PHOTO_FAILED)
+            .order_by(OutboxEvent.created_at)
+        )
+        return [PhotoFailedPayload.from_json(document) for document in documents]
 
 
 def dead_letters(infra: Infra) -> list[dict[str, Any]]:
@@ -247,6 +262,15 @@ def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publish
     assert len(letters) == 1
     attributes = {k: v["StringValue"] for k, v in letters[0]["MessageAttributes"].items()}
     assert attributes == {"photoId": str(shot.photo_id), "attempt": "3", "errorCode": "STORAGE_READ_FAILED"}
+    # AND one photo.failed event, final, written with the marking (the version unchanged)
+    (failed,) = failed_payloads(db, shot.photo_id)
+    assert (failed.error_code, failed.kind, failed.attempt, failed.entity_version) == (
+        ErrorCode.STORAGE_READ_FAILED,
+        "final",
+        3,
+        1,
+    )
+    assert (failed.photo_id, failed.album_id) == (shot.photo_id, shot.album_id)
 
     # WHEN S3 is back and the operator redrives the dead-letter queue
     summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
@@ -380,17 +404,26 @@ def test_a_missing_original_fails_permanently_and_its_late_upload_publishes(infr
     infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(shot.photo_id)}))
     poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
 
-    # THEN it failed permanently: no retry, no dead letter
+    # THEN it failed permanently: no retry, no dead letter, one photo.failed event saying so
     assert photo(db, shot.photo_id) == ("processing_failed", "ORIGINAL_NOT_FOUND", 1)
     assert dead_letters(infra) == []
+    (failed,) = failed_payloads(db, shot.photo_id)
+    assert (failed.error_code, failed.kind, failed.attempt) == (ErrorCode.ORIGINAL_NOT_FOUND, "permanent", 1)
 
     # WHEN the original arrives (its upload is new proof that it exists)
     uploads.put_original(infra.s3, BUCKET, shot.key, (samples.IMAGES / "Wood.jpg").read_bytes())
     poll_until(infra, published(db, shot.photo_id))
 
-    # THEN the failed job was reopened and the photo published
+    # THEN the failed job was reopened and the photo published, its events in version order
     assert job(db, shot.photo_id) == ("done", 1, "ORIGINAL_NOT_FOUND")
     assert photo(db, shot.photo_id) == ("ready", None, 2)
+    with db.connect() as c:
+        history = c.execute(
+            select(OutboxEvent.event_type, OutboxEvent.payload["entityVersion"].as_integer())
+            .where(OutboxEvent.aggregate_id == shot.photo_id)
+            .order_by(OutboxEvent.created_at)
+        ).all()
+    assert [tuple(h) for h in history] == [(PHOTO_FAILED, 1), (PHOTO_PUBLISHED, 2)]
 
 
 # --- claims that are not this delivery's --------------------------------------------------
@@ -416,6 +449,8 @@ def test_a_stale_job_with_no_attempts_left_is_a_final_failure_with_worker_lost(
     assert job(db, shot.photo_id) == ("failed", 3, "WORKER_LOST")
     assert photo(db, shot.photo_id) == ("processing_failed", "WORKER_LOST", 1)
     assert len(dead_letters(infra)) == 1
+    (failed,) = failed_payloads(db, shot.photo_id)
+    assert (failed.error_code, failed.kind, failed.attempt) == (ErrorCode.WORKER_LOST, "final", 3)
 
 
 class Crash(BaseException):

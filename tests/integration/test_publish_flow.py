@@ -13,6 +13,8 @@ from sqlalchemy import Engine, func, insert, select
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap
+from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
+from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
 from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from tests.conftest import BUCKET, STAGE, Infra
@@ -146,6 +148,18 @@ def test_a_corrupt_upload_fails_permanently_on_its_first_attempt(infra: Infra, d
     assert (row(db, PhotoJob, upload.photo_id).status, row(db, PhotoJob, upload.photo_id).attempt) == (
         "failed",
         1,
+    )
+    # AND one photo.failed event tells the app, the version unchanged (only a publication bumps it)
+    with db.connect() as connection:
+        (event,) = connection.execute(select(OutboxEvent)).all()
+    assert (event.event_type, event.aggregate_id) == (PHOTO_FAILED, upload.photo_id)
+    failed = PhotoFailedPayload.from_json(event.payload)
+    assert (failed.error_code, failed.kind, failed.attempt, failed.entity_version, failed.album_id) == (
+        ErrorCode.DECODE_FAILED,
+        "permanent",
+        1,
+        1,
+        upload.album_id,
     )
     # AND the message was acknowledged: no retry, nothing in the dead-letter queue
     assert poller.failed == 0

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, func, select, text
 
 from devkit import samples, uploads
 from photo_publish import operator
+from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.keys import Upload, parse_original_key
@@ -188,7 +189,9 @@ class JobStateMachine(RuleBasedStateMachine):
         with self.engine.connect() as connection:
             events = dict(
                 connection.execute(
-                    select(OutboxEvent.aggregate_id, func.count()).group_by(OutboxEvent.aggregate_id)
+                    select(OutboxEvent.aggregate_id, func.count())
+                    .where(OutboxEvent.event_type == PHOTO_PUBLISHED)
+                    .group_by(OutboxEvent.aggregate_id)
                 ).all()
             )
             photos = connection.execute(
@@ -205,6 +208,28 @@ class JobStateMachine(RuleBasedStateMachine):
                 assert photo.processing_state == "ready", "a published photo was downgraded"
             if photo.processing_state == "ready":
                 self.ever_ready.add(photo.id)
+
+    @invariant()
+    def a_failed_photo_was_told_and_a_published_one_never_after(self) -> None:
+        """SPEC 12: photo.failed with each marking, at the version it had, never after publication."""
+        with self.engine.connect() as connection:
+            history: dict[Any, list[Any]] = {}
+            for event in connection.execute(
+                select(OutboxEvent.aggregate_id, OutboxEvent.event_type, OutboxEvent.payload).order_by(
+                    OutboxEvent.created_at
+                )
+            ):
+                history.setdefault(event.aggregate_id, []).append(event)
+            failed = connection.scalars(select(Photo.id).where(Photo.processing_state == "processing_failed"))
+            for photo_id in failed:
+                assert any(e.event_type == PHOTO_FAILED for e in history.get(photo_id, []))
+        for events in history.values():
+            types = [e.event_type for e in events]
+            if PHOTO_PUBLISHED in types:
+                assert PHOTO_FAILED not in types[types.index(PHOTO_PUBLISHED) :], "a published photo failed"
+            for e in events:
+                if e.event_type == PHOTO_FAILED:
+                    assert PhotoFailedPayload.from_json(e.payload).entity_version == 1
 
     @invariant()
     def attempts_stay_within_the_limit(self) -> None:

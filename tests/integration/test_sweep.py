@@ -15,8 +15,10 @@ from sqlalchemy import Engine, func, insert, select, update
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap
+from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
 from photo_publish.database import create_database_engine
-from photo_publish.models import Photo, PhotoJob
+from photo_publish.errors import ErrorCode
+from photo_publish.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.queue import SqsQueue
 from photo_publish.storage import S3Store
 from photo_publish.sweep import Sweeper
@@ -197,6 +199,19 @@ def test_stale_active_rows_are_re_sent_or_failed_with_worker_lost(infra: Infra, 
     # AND each final failure has its dead letter
     letters = sent(infra, infra.queues.dead_letter_url)
     assert letters == Counter(dict.fromkeys(lost + published, 1))
+    # AND the photo marked failed has its photo.failed event, the published one none
+    with db.connect() as c:
+        events = c.execute(
+            select(OutboxEvent.aggregate_id, OutboxEvent.event_type, OutboxEvent.payload)
+        ).all()
+    assert [(e.aggregate_id, e.event_type) for e in events] == [(lost[0], PHOTO_FAILED)]
+    failed = PhotoFailedPayload.from_json(events[0].payload)
+    assert (failed.error_code, failed.kind, failed.attempt, failed.entity_version) == (
+        ErrorCode.WORKER_LOST,
+        "final",
+        3,
+        1,
+    )
 
 
 def test_a_refused_dead_letter_neither_stops_the_run_nor_is_lost(infra: Infra, db: Engine) -> None:

@@ -109,6 +109,8 @@ def _short_tag(loader: CfnLoader, suffix: str, node: yaml.Node) -> dict[str, Any
 CfnLoader.add_multi_constructor("!", _short_tag)
 
 NO_VALUE = object()
+# Resources whose !Ref is their Name property (the others stay symbolic, `<Resource>`).
+REF_IS_NAME = {"AWS::Events::EventBus"}
 PSEUDO = {
     "AWS::AccountId": "123456789012",
     "AWS::Region": "eu-west-1",
@@ -203,6 +205,10 @@ class Stack:
         if name in PSEUDO:
             return PSEUDO[name]
         assert name in self.doc["Resources"], f"!Ref to nothing: {name}"
+        resource = self.doc["Resources"][name]
+        if resource["Type"] in REF_IS_NAME:
+            # What CloudFormation gives for these: the name the resource was created with.
+            return self.resolve(resource["Properties"]["Name"])
         return f"<{name}>"
 
     def _sub(self, name: str, variables: dict[str, Any]) -> str:
@@ -259,6 +265,8 @@ SHARED_NUMBERS = {
     "BACKFILL_MAX_QUEUE_DEPTH": "backfill_max_queue_depth",
     "BACKFILL_SPREAD_SECONDS": "backfill_spread_seconds",
     "VARIANT_GRACE_SECONDS": "variant_grace_seconds",
+    "EVENT_HANDOFF_TIMEOUT_SECONDS": "event_handoff_timeout_seconds",
+    "OUTBOX_RETENTION_DAYS": "outbox_retention_days",
 }
 # Environment the functions get that is not a Settings field: read by Powertools or glibc.
 # The defaults Settings falls back on, which the template must agree with.
@@ -310,8 +318,9 @@ def test_timing_invariant_process_timeout_stale_after_visibility(stack: Stack) -
     assert render + DEFAULTS["commit_budget_seconds"] < timeout
     assert visibility >= 6 * timeout  # AWS's guidance for an SQS event source
     assert stale == DEFAULTS["stale_after_seconds"]
-    # the sweep finishes before its next run; the dead letters outlive the queue's messages
+    # the sweep and the relay finish before their next run; the dead letters outlive the queue's messages
     assert int(stack.function("SweepFunction")["Timeout"]) <= 60
+    assert int(stack.function("RelayFunction")["Timeout"]) <= 60
     assert int(stack.properties("DeadLetterQueue")["MessageRetentionPeriod"]) > int(
         stack.properties("ProcessQueue")["MessageRetentionPeriod"]
     )
@@ -436,7 +445,7 @@ def test_the_attempts_fit_within_the_redrives_receive_count(stack: Stack) -> Non
     assert jobs["MaxAttempts"] <= jobs["MaxReceiveCount"]
 
 
-@pytest.mark.parametrize("name", ["ProcessFunction", "SweepFunction"])
+@pytest.mark.parametrize("name", ["ProcessFunction", "SweepFunction", "RelayFunction"])
 def test_each_handler_exists_and_exports_lambda_handler_on_python312(stack: Stack, name: str) -> None:
     function = stack.function(name)
     module, handler = function["Handler"].rsplit(".", 1)
@@ -474,8 +483,54 @@ def test_the_process_event_source_reports_each_record_and_bounds_concurrency(sta
     assert int(properties["ScalingConfig"]["MaximumConcurrency"]) >= 2
     assert 1 <= int(properties["BatchSize"]) <= 10
     assert "ReservedConcurrentExecutions" not in stack.function("ProcessFunction")
-    (schedule,) = stack.function("SweepFunction")["Events"].values()
-    assert schedule["Properties"]["Schedule"] == "rate(1 minute)"
+    for scheduled in ("SweepFunction", "RelayFunction"):
+        (schedule,) = stack.function(scheduled)["Events"].values()
+        assert schedule["Properties"]["Schedule"] == "rate(1 minute)"
+        # a failed run is not retried: the next one is a minute away
+        assert stack.function(scheduled)["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
+
+
+# --- the events' bus (SPEC 12) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["dev", "prod"])
+def test_the_bus_is_the_stages_own_with_an_archive_and_the_functions_are_told_its_name(stage: str) -> None:
+    stack = Stack(Stage=stage)
+    bus = stack.properties("EventBus")
+    assert bus["Name"] == f"photo-publish-{stage}"
+    archive = stack.properties("EventArchive")
+    assert archive["SourceArn"] == "<EventBus.Arn>"
+    assert "EventPattern" not in archive  # every event, for replays
+    assert int(archive["RetentionDays"]) >= 7
+    # the hand-off and the relay put their events on that bus, and validate it as Settings
+    for name in ("ProcessFunction", "RelayFunction"):
+        env = stack.function(name)["Environment"]["Variables"]
+        assert Settings.from_env(env).event_bus_name == bus["Name"]
+    outputs = {name: stack.resolve(o["Value"]) for name, o in document()["Outputs"].items()}
+    assert (outputs["EventBusName"], outputs["EventBusArn"]) == (bus["Name"], "<EventBus.Arn>")
+
+
+def test_every_put_events_grant_is_for_the_relays_source_on_the_stacks_bus(stack: Stack) -> None:
+    from photo_publish.relay import SOURCE
+
+    for role in ("ProcessRole", "RelayRole", "SweepRole"):
+        for policy in stack.properties(role)["Policies"]:
+            for statement in policy["PolicyDocument"]["Statement"]:
+                if "events:PutEvents" in str(statement["Action"]):
+                    assert statement["Resource"] == "<EventBus.Arn>"
+                    assert statement["Condition"] == {"StringEquals": {"events:source": SOURCE}}
+
+
+def test_with_endpoints_the_functions_reach_eventbridge_from_private_subnets() -> None:
+    stack = Stack(
+        SubnetIds="subnet-1,subnet-2", SecurityGroupIds="sg-1", CreateVpcEndpoints="true", VpcId="vpc-1"
+    )
+    endpoints = {
+        r["Properties"]["ServiceName"].rsplit(".", 1)[-1]
+        for r in stack.resources().values()
+        if r["Type"] == "AWS::EC2::VPCEndpoint"
+    }
+    assert endpoints == {"s3", "sqs", "secretsmanager", "events"}
 
 
 # --- IAM: exactly what the code calls -------------------------------------------------------------
@@ -507,6 +562,7 @@ AWS_CALLS = {
     "list_message_move_tasks": "sqs:ListMessageMoveTasks",
     "cancel_message_move_task": "sqs:CancelMessageMoveTask",
     "get_secret_value": "secretsmanager:GetSecretValue",
+    "put_events": "events:PutEvents",
 }
 # What each call touches, named as the template's statements resolve: S3 keys by the key layout,
 # SQS by the queue URL the call passes, the secret by its ARN.
@@ -532,7 +588,7 @@ class Definition:
 
 def _modules() -> dict[str, ast.Module]:
     modules = {f"photo_publish.{p.stem}": ast.parse(p.read_text()) for p in PACKAGE.glob("*.py")}
-    for function in ("process", "sweep"):
+    for function in ("process", "sweep", "relay"):
         modules[f"{function}.app"] = ast.parse((ROOT / "functions" / function / "app.py").read_text())
     return modules
 
@@ -619,6 +675,8 @@ def _aws_calls(definition: Definition) -> Iterator[tuple[str, str]]:
         elif action.startswith("sqs:"):
             (queue,) = [ast.unparse(k.value) for k in node.keywords if k.arg in ("QueueUrl", "SourceArn")]
             yield action, "DeadLetterQueue" if "dead" in queue else "ProcessQueue"
+        elif action.startswith("events:"):
+            yield action, "EventBus"  # the bus of EVENT_BUS_NAME, the stack's
         else:
             yield action, "DbSecret"
 
@@ -650,6 +708,7 @@ def role_grants(stack: Stack, role: str) -> set[tuple[str, str]]:
         f"arn:aws:s3:::{bucket}/{stage}/albums/*": "variants",
         "<ProcessQueue.Arn>": "ProcessQueue",
         "<DeadLetterQueue.Arn>": "DeadLetterQueue",
+        "<EventBus.Arn>": "EventBus",
         REQUIRED["DbSecretArn"]: "DbSecret",
         stack.params["DbSecretKmsKeyArn"]: "DbSecretKey",
     }
@@ -671,14 +730,16 @@ def test_the_operator_commands_are_not_what_the_functions_reach() -> None:
         *(set(_aws_calls(d)) for d in _definitions().values() if d.module.endswith("operator"))
     )
     assert ("sqs:StartMessageMoveTask", "DeadLetterQueue") in operator
-    for function in ("process", "sweep"):
+    for function in ("process", "sweep", "relay"):
         assert not {a for a, _ in code_calls(function)} & {"sqs:StartMessageMoveTask", "sqs:ReceiveMessage"}
 
 
 @pytest.mark.parametrize(
     "key_arn", ["", "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"]
 )
-@pytest.mark.parametrize(("function", "role"), [("process", "ProcessRole"), ("sweep", "SweepRole")])
+@pytest.mark.parametrize(
+    ("function", "role"), [("process", "ProcessRole"), ("sweep", "SweepRole"), ("relay", "RelayRole")]
+)
 def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     function: str, role: str, key_arn: str
 ) -> None:
@@ -697,8 +758,14 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     poller = EVENT_SOURCE if function == "process" else set()
     assert grants == calls | implied | poller
     if function == "sweep":
-        # the sweep reads no photo and writes none: it only deletes replaced variants
-        assert {g for g in grants if g[0].startswith("s3:")} == {("s3:DeleteObject", "variants")}
+        # the sweep reads no photo and writes none (it only deletes replaced variants), and no bus
+        assert {g for g in grants if g[0].startswith(("s3:", "events:"))} == {("s3:DeleteObject", "variants")}
+    if function == "relay":
+        assert {a for a, _ in grants} == {"events:PutEvents", "secretsmanager:GetSecretValue"} | (
+            {"kms:Decrypt"} if key_arn else set()
+        )
+    if function == "process":
+        assert ("events:PutEvents", "EventBus") in grants  # the hand-off after a commit
 
 
 def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) -> None:
@@ -724,7 +791,8 @@ def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) 
 
 @pytest.mark.parametrize("subnets", ["", "subnet-1,subnet-2"])
 @pytest.mark.parametrize(
-    ("role", "group"), [("ProcessRole", "ProcessLogGroup"), ("SweepRole", "SweepLogGroup")]
+    ("role", "group"),
+    [("ProcessRole", "ProcessLogGroup"), ("SweepRole", "SweepLogGroup"), ("RelayRole", "RelayLogGroup")],
 )
 def test_each_role_writes_logs_to_its_own_log_group_only(role: str, group: str, subnets: str) -> None:
     stack = Stack(SubnetIds=subnets, SecurityGroupIds="sg-1" if subnets else "")
@@ -756,11 +824,34 @@ def test_the_alarms_watch_dead_letters_queue_age_errors_and_throttles(stack: Sta
     assert ("AWS/SQS", "ApproximateAgeOfOldestMessage", "<ProcessQueue.QueueName>") in alarms
     assert ("AWS/Lambda", "Errors", "<ProcessFunction>") in alarms
     assert ("AWS/Lambda", "Throttles", "<ProcessFunction>") in alarms
+    assert ("AWS/Lambda", "Errors", "<RelayFunction>") in alarms
     for alarm in alarms.values():
         assert alarm["AlarmActions"] == ["<AlarmTopic>"]
         assert alarm["AlarmDescription"]
     # CloudWatch cannot publish to a topic under the AWS-managed alias/aws/sns key
     assert stack.properties("AlarmTopic")["KmsMasterKeyId"] == "<StackKey>"
+
+
+def test_the_outbox_alarm_reads_the_metric_the_relay_emits(stack: Stack) -> None:
+    # GIVEN the metric the relay's handler emits, under the namespace and service the template sets
+    relay = handlers.load("relay")
+    env = stack.function("RelayFunction")["Environment"]["Variables"]
+    (alarm,) = [
+        r["Properties"]
+        for r in stack.resources().values()
+        if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"]["MetricName"] == relay.OLDEST_UNPUBLISHED
+    ]
+
+    # THEN the alarm reads that metric, with the dimensions the handler gives it (its stage's)
+    assert alarm["Namespace"] == env["POWERTOOLS_METRICS_NAMESPACE"]
+    assert alarm["Dimensions"] == [
+        {"Name": "service", "Value": env["POWERTOOLS_SERVICE_NAME"]},
+        {"Name": "stage", "Value": stack.params["Stage"]},
+    ]
+    # and it waits longer than a relay run or two, and pages when the relay stops reporting
+    assert int(alarm["Threshold"]) >= 2 * 60
+    assert alarm["Statistic"] == "Maximum" and alarm["TreatMissingData"] == "breaching"
+    assert alarm["AlarmActions"] == ["<AlarmTopic>"]
 
 
 def test_every_output_and_parameter_is_described(stack: Stack) -> None:

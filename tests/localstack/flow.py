@@ -37,9 +37,16 @@ def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg", image: str | No
     return uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=name, data=data)
 
 
-def outbox(db: Engine, photo_id: UUID) -> list[Any]:
+def outbox(db: Engine, photo_id: UUID, event_type: str = "photo.published") -> list[Any]:
+    """The photo's outbox rows of one type (photo.published unless told)."""
     with db.connect() as c:
-        return list(c.execute(select(OutboxEvent).where(OutboxEvent.aggregate_id == photo_id)).all())
+        return list(
+            c.execute(
+                select(OutboxEvent).where(
+                    OutboxEvent.aggregate_id == photo_id, OutboxEvent.event_type == event_type
+                )
+            ).all()
+        )
 
 
 def messages(infra: Infra, queue_url: str) -> list[dict[str, Any]]:

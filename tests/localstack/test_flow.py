@@ -113,9 +113,11 @@ def test_three_s3_read_failures_are_retried_by_localstacks_visibility_then_dead_
     assert len(letters) == 1
     attributes = {k: v["StringValue"] for k, v in letters[0]["MessageAttributes"].items()}
     assert attributes == {"photoId": str(shot.photo_id), "attempt": "3", "errorCode": "STORAGE_READ_FAILED"}
-    # AND the original message was acknowledged, and nothing was published
+    # AND the original message was acknowledged, and nothing was published: one photo.failed
     assert counts(fast, fast.queues.url) == (0, 0, 0)
     assert outbox(db, shot.photo_id) == []
+    (failed,) = outbox(db, shot.photo_id, "photo.failed")
+    assert (failed.payload["kind"], failed.payload["attempt"]) == ("final", 3)
 
 
 def test_the_operators_redrive_moves_the_dead_letter_back_with_a_message_move_task(

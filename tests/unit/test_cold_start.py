@@ -13,12 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 READY = {
     "process": "bootstrap.delivery(app.metrics); bootstrap.batch_processor()",
     "sweep": "bootstrap.sweeper()",
+    "relay": "bootstrap.relay()",
 }
 # Settings as the template gives them; nothing here connects (clients and engine connect on use).
 ENVIRONMENT = {
     "DATABASE_URL": "postgresql+psycopg://photo_publish@127.0.0.1:1/photos",
     "PHOTO_BUCKET": "photo-publish-test",
     "STAGE": "test",
+    "EVENT_BUS_NAME": "photo-publish-test",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 
@@ -48,6 +50,12 @@ def loaded_modules(function: str) -> set[str]:
         # The sweep never renders: no libvips.
         (
             "sweep",
+            {"sqlalchemy", "psycopg", "boto3"},
+            {"pydantic", "aws_xray_sdk", "PIL", "pyvips"},
+        ),
+        # Nor does the relay.
+        (
+            "relay",
             {"sqlalchemy", "psycopg", "boto3"},
             {"pydantic", "aws_xray_sdk", "PIL", "pyvips"},
         ),
