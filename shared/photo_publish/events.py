@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus
 from uuid import UUID
@@ -44,7 +45,7 @@ def from_s3_records(records: Iterable[Mapping[str, Any]], *, bucket: str, stage:
             (
                 record.s3.bucket.name,
                 unquote_plus(record.s3.get_object.key),
-                _upload(record.s3.get_object.raw_event),
+                _upload(record.s3.get_object.raw_event, record.raw_event.get("eventTime")),
             )
             for record in S3Event({"Records": list(records)}).records
             if record.event_source == "aws:s3" and record.event_name.startswith("ObjectCreated:")
@@ -90,21 +91,37 @@ def _from_eventbridge(message: dict[str, Any], *, bucket: str, stage: str) -> li
             return []
         detail = event.detail.object
         request = _object_created(
-            event.detail.bucket.name, detail.key, _upload(detail.raw_event), bucket, stage
+            event.detail.bucket.name,
+            detail.key,
+            _upload(detail.raw_event, message.get("time")),
+            bucket,
+            stage,
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise MalformedMessage(f"not an S3 Object Created event: {error!r}") from None
     return [] if request is None else [request]
 
 
-def _upload(s3_object: Mapping[str, Any]) -> Upload:
+def _upload(s3_object: Mapping[str, Any], event_time: object) -> Upload:
     # S3's notifications spell it eTag, its EventBridge events etag.
     etag = s3_object.get("eTag", s3_object.get("etag"))
     sequencer = s3_object.get("sequencer")
     return Upload(
         sequencer=sequencer if isinstance(sequencer, str) and sequencer else None,
         etag=etag if isinstance(etag, str) and etag else None,
+        at=_instant(event_time),
     )
+
+
+def _instant(text: object) -> datetime | None:
+    """An event's ISO-8601 time ("2026-11-29T10:15:30.123Z"); None if it has none that reads."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
 def _object_created(

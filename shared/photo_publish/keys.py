@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
@@ -24,10 +25,12 @@ class OriginalKey:
 @dataclass(frozen=True, slots=True)
 class Upload:
     """Which upload of a key an event announces: S3's sequencer orders the uploads of one key; the
-    eTag tells two uploads apart where an emulator sends no sequencer (moto's notifications)."""
+    eTag tells two uploads apart where an emulator sends no sequencer (moto's notifications); the
+    event's time places it before or after a failure when the job has seen no upload yet."""
 
     sequencer: str | None = None
     etag: str | None = None
+    at: datetime | None = None
 
 
 def parse_uuid(value: object) -> UUID:

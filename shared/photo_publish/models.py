@@ -113,6 +113,7 @@ class PhotoJob(Base):
     # text order is upload order, and its eTag).
     upload_sequencer: Mapped[str | None]
     upload_etag: Mapped[str | None]
+    failed_at: Mapped[datetime | None]
     # A backfill's mark: re-render the published photo at this recipe version (SPEC 14).
     rerender_to: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -14,7 +14,21 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
-from sqlalchemy import Engine, Text, and_, case, false, func, literal, not_, or_, select, update
+from sqlalchemy import (
+    DateTime,
+    Engine,
+    Text,
+    and_,
+    case,
+    false,
+    func,
+    literal,
+    not_,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -166,6 +180,7 @@ class PhotoRepository:
 
         padded = None if upload.sequencer is None else upload.sequencer.rjust(_SEQUENCER_WIDTH, "0")
         sequencer, etag = literal(padded, Text), literal(upload.etag, Text)
+        at = literal(upload.at, DateTime(timezone=True))
         stmt = insert(PhotoJob).from_select(
             ["photo_id", "upload_sequencer", "upload_etag"],
             select(Photo.id, sequencer, etag).where(Photo.id == photo_id),
@@ -175,7 +190,19 @@ class PhotoRepository:
             PhotoJob.upload_sequencer.is_not_distinct_from(sequencer),
             PhotoJob.upload_etag.is_not_distinct_from(etag),
         )
-        reopen = PhotoJob.status == "failed"
+        # New against what failed: by S3's order where both uploads have a sequencer, else by eTag,
+        # else (the job saw no upload: it ran from job messages) by time: only an upload after the
+        # failure is new proof that the original exists.
+        newer = case(
+            (
+                and_(sequencer.is_not(None), PhotoJob.upload_sequencer.is_not(None)),
+                sequencer > PhotoJob.upload_sequencer,
+            ),
+            (and_(etag.is_not(None), PhotoJob.upload_etag.is_not(None)), etag != PhotoJob.upload_etag),
+            (and_(at.is_not(None), PhotoJob.failed_at.is_not(None)), at > PhotoJob.failed_at),
+            else_=true(),
+        )
+        reopen = and_(PhotoJob.status == "failed", newer)
         stmt = stmt.on_conflict_do_update(
             index_elements=[PhotoJob.photo_id],
             set_={
@@ -481,6 +508,7 @@ class PhotoRepository:
         sends it clears that, and if nobody does, a redelivery or the sweep finds it owed.
         """
         owed = {"dead_letter_owed_at": func.now()} if final else {}
+        owed["failed_at"] = func.now()
         with self._transaction() as session:
             if not self._finish_job(session, photo_id, attempt, "failed", code, **owed):
                 return False

@@ -228,6 +228,7 @@ class Sweeper:
                     enqueued_at=case((exhausted, PhotoJob.enqueued_at), else_=now),
                     # A final failure: its dead letter is owed until the queue accepts it.
                     dead_letter_owed_at=case((exhausted, now), else_=PhotoJob.dead_letter_owed_at),
+                    failed_at=case((exhausted, now), else_=PhotoJob.failed_at),
                     next_retry_at=None,
                     updated_at=now,
                 )

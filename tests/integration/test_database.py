@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -188,6 +188,10 @@ def test_an_upload_of_the_original_reopens_a_failed_job_and_nothing_else(db: Eng
     assert job(db, done) == ("done", 1, None)
 
 
+FAILED_AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+BEFORE, AFTER = FAILED_AT - timedelta(seconds=30), FAILED_AT + timedelta(seconds=30)
+
+
 @pytest.mark.parametrize(
     ("seen", "event", "reopens"),
     [
@@ -197,15 +201,21 @@ def test_an_upload_of_the_original_reopens_a_failed_job_and_nothing_else(db: Eng
         pytest.param(Upload("0B", "e2"), Upload("0A", "e1"), False, id="an-older-upload-late"),
         pytest.param(Upload(None, "e1"), Upload(None, "e1"), False, id="no-sequencer-same-etag"),
         pytest.param(Upload(None, "e1"), Upload(None, "e2"), True, id="no-sequencer-new-etag"),
+        # The job saw no upload (it ran from job messages): the event's time against the failure's.
+        pytest.param(None, Upload(None, "e1", BEFORE), False, id="unseen-uploaded-before-the-failure"),
+        pytest.param(None, Upload(None, "e1", AFTER), True, id="unseen-uploaded-after-the-failure"),
+        pytest.param(None, Upload(None, "e1"), True, id="unseen-no-time"),
     ],
 )
 def test_only_a_newer_upload_reopens_a_failed_job(
-    db: Engine, seen: Upload, event: Upload, reopens: bool
+    db: Engine, seen: Upload | None, event: Upload, reopens: bool
 ) -> None:
-    # GIVEN a job that saw an upload, then failed for good (a crashing input: its worker was lost)
+    # GIVEN a job that saw an upload (or none), then failed for good (a crashing input: its worker
+    # was lost) at FAILED_AT
     repository, photo_id = PhotoRepository(db), new_photo(db)
-    repository.ensure_job(photo_id, upload=seen)
-    set_job(db, photo_id, status="failed", attempt=3, last_error_code="WORKER_LOST")
+    if seen is not None:
+        repository.ensure_job(photo_id, upload=seen)
+    set_job(db, photo_id, status="failed", attempt=3, last_error_code="WORKER_LOST", failed_at=FAILED_AT)
 
     # WHEN an upload event arrives: a duplicate or redelivery of the one it saw, or another upload
     repository.ensure_job(photo_id, upload=event)

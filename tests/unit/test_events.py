@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from urllib.parse import quote_plus
 from uuid import UUID
 
@@ -23,11 +24,18 @@ ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")
 FILE_NAME = "My photo (2) + [final] 100% été.jpg"
 KEY = f"dev/originals/albums/{ALBUM_ID}/{PHOTO_ID}/{FILE_NAME}"
-# The shipped events' upload: S3's sequencer and the object's eTag.
+# The shipped events' upload: S3's sequencer, the object's eTag and the event's time (S3's
+# notification to the millisecond, EventBridge's to the second).
+SEQUENCER, ETAG = "0055AED6DCD90281E5", "d41d8cd98f00b204e9800998ecf8427e"
 UPLOAD = PhotoRequest(
     PHOTO_ID,
     OriginalKey(KEY, ALBUM_ID, PHOTO_ID, FILE_NAME),
-    Upload(sequencer="0055AED6DCD90281E5", etag="d41d8cd98f00b204e9800998ecf8427e"),
+    Upload(SEQUENCER, ETAG, datetime(2026, 11, 29, 10, 15, 30, 123000, tzinfo=UTC)),
+)
+EB_UPLOAD = PhotoRequest(
+    PHOTO_ID,
+    OriginalKey(KEY, ALBUM_ID, PHOTO_ID, FILE_NAME),
+    Upload(SEQUENCER, ETAG, datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)),
 )
 JOB = PhotoRequest(PHOTO_ID)
 
@@ -55,7 +63,7 @@ def parse(body: str) -> list[PhotoRequest]:
     [
         ("sqs_job_message", [JOB]),
         ("sqs_s3_notification", [UPLOAD]),
-        ("sqs_eventbridge_object_created", [UPLOAD]),
+        ("sqs_eventbridge_object_created", [EB_UPLOAD]),
     ],
 )
 def test_an_sqs_body_of_each_shape_asks_for_its_photo(event_file: str, expected: list[PhotoRequest]) -> None:
@@ -199,5 +207,5 @@ def test_uploads_of_one_key_are_told_apart_by_sequencer_and_etag() -> None:
     (emulator,) = from_s3_records([bare], bucket=BUCKET, stage=STAGE)
 
     # THEN each carries what identifies its upload
-    assert aws.upload == Upload("0055AED6DCD90281E5", "d41d8cd98f00b204e9800998ecf8427e")
+    assert aws.upload == UPLOAD.upload
     assert emulator.upload == Upload(None, "0123")
