@@ -191,8 +191,10 @@ class Logs:
         self.unexpected: Counter[str] = Counter()
         self.engines: Counter[str] = Counter()
         self.sweeps: Counter[str] = Counter()
-        # photo id -> (attempt, code) of every failed attempt the workers logged.
-        self.failures: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        # photo id -> (attempt, code, invocation) of every failed attempt the workers logged, and the
+        # (photo id, invocation) pairs whose failure was not recorded or was fenced out.
+        self.failures: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+        self.unrecorded: set[tuple[str, str]] = set()
         for path in self.files:
             for line in path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
@@ -218,20 +220,26 @@ class Logs:
 
     def _function_line(self, entry: dict[str, Any]) -> None:
         message = entry.get("message")
+        invocation = (str(entry.get("photo_id")), str(entry.get("function_request_id")))
         if message == "photo processed":
             self.outcomes[str(entry.get("outcome"))] += 1
+            if entry.get("outcome") == "superseded":
+                self.unrecorded.add(invocation)
         elif message == "unexpected error":
             self.counts["unexpected_error"] += 1
             exception = str(entry.get("exception_name") or entry.get("exception", "")[-120:])
             self.unexpected[f"unexpected error: {exception}"] += 1
         elif message == "attempt failed" and entry.get("photo_id") and entry.get("attempt"):
-            self.failures[entry["photo_id"]].append((int(entry["attempt"]), str(entry.get("error_code"))))
+            self.failures[entry["photo_id"]].append(
+                (int(entry["attempt"]), str(entry.get("error_code")), invocation[1])
+            )
         elif message == "sweep finished":
             for name in ("resentPending", "resentStale", "workerLost", "sendFailed"):
                 self.sweeps[name] += int(entry.get(name, 0))
             self.sweeps["runs"] += 1
         elif message == "failure not recorded":
             self.counts["failure_not_recorded"] += 1
+            self.unrecorded.add(invocation)
 
     def killed_photos(self, stages: tuple[str, ...]) -> dict[str, list[str]]:
         """photo id -> the stages of the kills that hit it."""
@@ -396,10 +404,11 @@ class Checker:
         reopened (that reopening, issue 11 item 5, would otherwise hide a lost letter)."""
         finals = [
             (attempt, code)
-            for attempt, code in self.logs.failures.get(photo_id, [])
+            for attempt, code, invocation in self.logs.failures.get(photo_id, [])
             if attempt >= self.inputs.max_attempts
             and code in ErrorCode.__members__
             and not ErrorCode(code).permanent
+            and (photo_id, invocation) not in self.logs.unrecorded
         ]
         letters = self.snap.letters.get(photo_id, [])
         already = any(
