@@ -27,6 +27,7 @@ interleaving, so a replay repeats the pressure, not the exact race.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -269,7 +270,10 @@ def upstream_endpoint(run_dir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def fault_proxy(upstream: str, seed: int, run_dir: Path) -> Iterator[ProxyControl]:
+def fault_proxy(
+    upstream: str, seed: int, run_dir: Path, rates: dict[str, dict[str, float]] | None = None
+) -> Iterator[ProxyControl]:
+    """The fault proxy in its own process; `rates` replaces its per-request dice ({}: outages only)."""
     proxy = subprocess.Popen(
         [
             sys.executable,
@@ -281,6 +285,8 @@ def fault_proxy(upstream: str, seed: int, run_dir: Path) -> Iterator[ProxyContro
             str(seed),
             "--log",
             str(run_dir / "faults.log"),
+            "--rates",
+            "" if rates is None else json.dumps(rates),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -526,9 +532,12 @@ class Tally:
     database: Counter[str] = field(default_factory=Counter)
 
 
-def notification(bucket: str, planned: Planned, size: int) -> str:
-    """An S3 event notification for the original, as S3 sends it (a duplicate delivery of one)."""
+def notification(bucket: str, planned: Planned) -> str:
+    """A second delivery of the original's S3 event notification: its key, size and eTag (the MD5 S3
+    gives a single-part upload), and, like moto's own, no sequencer: nothing marks it as new."""
     from urllib.parse import quote_plus
+
+    data = planned.data or b""
 
     return json.dumps(
         {
@@ -545,8 +554,8 @@ def notification(bucket: str, planned: Planned, size: int) -> str:
                         "bucket": {"name": bucket, "arn": f"arn:aws:s3:::{bucket}"},
                         "object": {
                             "key": quote_plus(planned.key, safe="/"),
-                            "size": size,
-                            "sequencer": f"{int(time.time() * 1e6):018X}",
+                            "size": len(data),
+                            "eTag": hashlib.md5(data, usedforsecurity=False).hexdigest(),
                         },
                     },
                 }
@@ -618,7 +627,11 @@ class Run:
         """PostgreSQL, the endpoint and its fault proxy, queues, bucket, and the fleet started."""
         embedded = not os.environ.get("DATABASE_URL")
         data_dir = self.dir / "postgres"
-        url = exits.enter_context(stack.database(data_dir, name=f"photo_soak_{self.config.seed}"))
+        # The embedded server's database stays in the run's folder for a post-mortem; one made on
+        # DATABASE_URL's (shared) server is dropped.
+        url = exits.enter_context(
+            stack.database(data_dir, name=f"photo_soak_{self.config.seed}", keep=embedded)
+        )
         database = Database(url, data_dir if embedded else None)
         exits.callback(database.stop_restarted)
         exits.callback(database.engine.dispose)
@@ -873,7 +886,7 @@ class Run:
             sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
             kind = "job_message"
         elif roll < 0.8:
-            body = notification(self.bucket, planned, len(planned.data or b""))
+            body = notification(self.bucket, planned)
             sqs.send_message(QueueUrl=queues.url, MessageBody=body)
             kind = "s3_notification"
         else:

@@ -141,7 +141,10 @@ def snapshot(inputs: Inputs) -> Snapshot:
     for message in dead_letter_messages(inputs.sqs, inputs.queues.dead_letter_url):
         attributes = {k: v.get("StringValue") for k, v in message.get("MessageAttributes", {}).items()}
         if "errorCode" in attributes:
-            letters[attributes.get("photoId") or ""].append(attributes | {"body": message["Body"][:300]})
+            sent = int(message.get("Attributes", {}).get("SentTimestamp", 0)) / 1000
+            letters[attributes.get("photoId") or ""].append(
+                attributes | {"sent": sent, "body": message["Body"][:300]}
+            )
         else:
             redriven.append(message)
     return Snapshot(photos, jobs, events, variant_rows, objects, letters, redriven)
@@ -478,7 +481,7 @@ class Checker:
 def _letter_for_published(plan: Any, letter: dict[str, Any]) -> str:
     if letter.get("errorCode") == "PHOTO_NOT_FOUND" and plan.kind == "early_original":
         return "explained: an upload before its row was dead-lettered, then its row came"
-    if any("reupload" in action for _, action in plan.actions):
+    if any("reupload" in action and at >= letter.get("sent", 0) - 1 for at, action in plan.actions):
         return "explained: a final failure, then a genuine re-upload reopened and published it"
     return "a redelivery reopened a final failure that had paged"
 
