@@ -134,11 +134,14 @@ bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 # Issue 12: the chaos soak (devkit/soak.py: 2,000 photos, workers SIGKILLed at every stage, database,
 # S3 and SQS faults, duplicates; SOAK_SEED=<n> replays a schedule, SOAK_<FIELD> resizes it, logs in
 # .local/soak/), then the state machines at scale (HYPOTHESIS_PROFILE=soak: 200 examples x 50 steps
-# over 10 photos, past pytest's usual per-test timeout). Both run; make fails at the end, naming which.
+# over 10 photos, past pytest's usual per-test timeout; its own basetemp, which other pytest sessions'
+# rotation of /tmp/pytest-of-$USER cannot delete under a running PostgreSQL). Both run; make fails at
+# the end, naming which.
 soak: venv
 	@failed=; \
 	$(BIN)/python -m devkit.soak || failed="$$failed soak"; \
-	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q --timeout=3600 tests/integration/test_state_machine.py \
+	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q --timeout=3600 --basetemp=.local/soak/pytest \
+	tests/integration/test_state_machine.py \
 	|| failed="$$failed state-machines"; \
 	test -z "$$failed" || { echo "FAILED:$$failed"; exit 1; }
 

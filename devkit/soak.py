@@ -124,8 +124,8 @@ class Planned:
     file_name: str
     data: bytes | None
     expected: str  # "ready", or the error code a hostile file must end with
-    photo_id: UUID = field(default_factory=uuid.uuid4)
-    album_id: UUID = field(default_factory=uuid.uuid4)
+    photo_id: UUID
+    album_id: UUID
     uploaded_at: float | None = None
     targeted: bool = False
     actions: list[tuple[float, str]] = field(default_factory=list)
@@ -207,7 +207,11 @@ def plan(config: Config, rng: random.Random) -> list[Planned]:
             suffix, expected, data = ".jpg", "ORIGINAL_NOT_FOUND", None
         else:
             suffix, expected, data = ".jpg", "ready", rng.choice(pool)
-        planned.append(Planned(index, kind, f"{kind}-{index:05d}{suffix}", data, expected))
+        # Seeded ids: a replay's histories name the same photos.
+        photo_id, album_id = (uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(2))
+        planned.append(
+            Planned(index, kind, f"{kind}-{index:05d}{suffix}", data, expected, photo_id, album_id)
+        )
     return planned
 
 
@@ -594,7 +598,8 @@ class Run:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.dir = config.output / f"{stamp}-seed{config.seed}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.bucket = f"photo-publish-soak-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:8]}"
+        # Not from the seed: a replay against the same LocalStack must not find the last run's objects.
+        self.bucket = f"photo-publish-soak-{uuid.uuid4().hex[:8]}"
         self.tally = Tally()
         self.times: dict[str, float] = {}
         self.stop_chaos = threading.Event()
