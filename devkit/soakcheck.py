@@ -198,6 +198,7 @@ class Logs:
         # (photo id, invocation) pairs whose failure was not recorded or was fenced out.
         self.failures: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
         self.unrecorded: set[tuple[str, str]] = set()
+        self.instant_retries: Counter[str] = Counter()
         for path in self.files:
             for line in path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
@@ -228,6 +229,10 @@ class Logs:
             self.outcomes[str(entry.get("outcome"))] += 1
             if entry.get("outcome") == "superseded":
                 self.unrecorded.add(invocation)
+            retry_in = entry.get("retry_in")
+            if entry.get("outcome") == "retry" and retry_in is not None and float(retry_in) < 0.5:
+                # SqsQueue.retry_later rounds the visibility: under half a second it is 0.
+                self.instant_retries[invocation[0]] += 1
         elif message == "unexpected error":
             self.counts["unexpected_error"] += 1
             exception = str(entry.get("exception_name") or entry.get("exception", "")[-120:])
@@ -456,10 +461,18 @@ class Checker:
             self.explained("redriven after runs that never finished, photo failed for good")
             return
         ended = f"{row.processing_state} {row.error_code or ''}" if row is not None else "unknown"
+        received = message.get("Attributes", {}).get("ApproximateReceiveCount")
+        spins = self.logs.instant_retries.get(photo_id or "", 0)
         self.violated(
             photo_id,
             "redrive only for runs that never finish",
-            f"a {what} was dead-lettered by maxReceiveCount; the photo ended {ended}",
+            f"a {what} was dead-lettered by maxReceiveCount (received {received} times); the photo ended {ended}"
+            + (
+                f"; {spins} deliveries came back at once (a visibility under 0.5 s rounded to 0)"
+                if spins
+                else ""
+            ),
+            "new: sub-second retry visibility rounds to 0 (queue.py retry_later)" if spins >= 3 else "",
         )
 
     def containers(self) -> None:
