@@ -158,14 +158,14 @@ def _before_claim(chaos: Chaos, claim: Callable[..., Any]) -> Callable[..., Any]
 
 
 def _while_rendering(chaos: Chaos, render: Callable[..., Any]) -> Callable[..., Any]:
-    def chaotic_render(stream: Any, options: Any) -> Any:
+    def chaotic_render(stream: Any, options: Any, **kwargs: Any) -> Any:
         photo_id = chaos.photo_id()
         if not chaos.arrive("render"):
-            return render(stream, options)
+            return render(stream, options, **kwargs)
         assert chaos.arm is not None
         threading.Timer(float(chaos.arm.detail or 0), chaos.kill, ("render", photo_id)).start()
         try:
-            return render(stream, options)
+            return render(stream, options, **kwargs)
         finally:
             chaos.kill("render", photo_id, finished=True)
 
