@@ -189,8 +189,7 @@ def _kind(config: Config, roll: float, rng: random.Random) -> str:
     return "photo"
 
 
-def plan(config: Config, rng: random.Random) -> list[Planned]:
-    pool = photo_pool()
+def plan(config: Config, rng: random.Random, pool: list[bytes]) -> list[Planned]:
     hostile = hostile_files(pool, config)
     kinds = [_kind(config, rng.random(), rng) for _ in range(config.photos - config.shape_bombs)]
     for _ in range(config.shape_bombs):
@@ -601,6 +600,7 @@ class Run:
         # Not from the seed: a replay against the same LocalStack must not find the last run's objects.
         self.bucket = f"photo-publish-soak-{uuid.uuid4().hex[:8]}"
         self.tally = Tally()
+        self.pool = photo_pool()
         self.times: dict[str, float] = {}
         self.stop_chaos = threading.Event()
         self.stop_sampling = threading.Event()
@@ -614,7 +614,7 @@ class Run:
             f"soak: SOAK_SEED={config.seed} photos={config.photos} workers={config.workers} -> {self.dir}"
         )
         started = time.monotonic()
-        photos = plan(config, self.rng)
+        photos = plan(config, self.rng, self.pool)
         with ExitStack() as exits:
             parts = self.set_up(exits)
             self.times["setup"] = time.monotonic() - started
@@ -890,15 +890,25 @@ class Run:
         if roll < 0.45:
             sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
             kind = "job_message"
-        elif roll < 0.8:
+        elif roll < 0.8 and not stack.localstack():
+            # (LocalStack's own notifications carry a sequencer a copy cannot repeat: there a copy
+            # would read as a new upload, so its duplicates are job messages.)
             body = notification(self.bucket, planned)
             sqs.send_message(QueueUrl=queues.url, MessageBody=body)
             kind = "s3_notification"
+        elif roll < 0.8:
+            sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
+            kind = "job_message"
         else:
             assert planned.data is not None
+            kind = "reupload, the same bytes"  # the same eTag: a redelivery, to the code
+            if planned.expected == "ready":
+                # Another picture under the same key (the user replaced it): a genuinely new upload,
+                # which may reopen a failed job.
+                planned.data = rng.choice([p for p in self.pool if p != planned.data])
+                kind = "reupload, a new picture"
             s3, _ = stack.clients()
             uploads.put_original(s3, self.bucket, planned.key, planned.data)
-            kind = "reupload"
         self.tally.duplicates[kind] += 1
         planned.did(f"duplicate: {kind}")
 

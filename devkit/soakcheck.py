@@ -242,7 +242,7 @@ class Logs:
                 (int(entry["attempt"]), str(entry.get("error_code")), invocation[1])
             )
         elif message == "sweep finished":
-            for name in ("resentPending", "resentStale", "workerLost", "sendFailed"):
+            for name in ("resentPending", "resentStale", "workerLost", "deadLettersSent", "sendFailed"):
                 self.sweeps[name] += int(entry.get(name, 0))
             self.sweeps["runs"] += 1
         elif message == "failure not recorded":
@@ -494,8 +494,9 @@ class Checker:
 def _letter_for_published(plan: Any, letter: dict[str, Any]) -> str:
     if letter.get("errorCode") == "PHOTO_NOT_FOUND" and plan.kind == "early_original":
         return "explained: an upload before its row was dead-lettered, then its row came"
-    if any("reupload" in action and at >= letter.get("sent", 0) - 1 for at, action in plan.actions):
-        return "explained: a final failure, then a genuine re-upload reopened and published it"
+    # (Its notification may be worked on after the failure even if the upload came before it.)
+    if any("a new picture" in action for _, action in plan.actions):
+        return "explained: a final failure, then a genuinely new upload reopened and published it"
     return "a redelivery reopened a final failure that had paged"
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError
 
 from devkit import samples
 from devkit.faultproxy import ProxyControl
@@ -71,18 +70,18 @@ def test_a_body_cut_short_is_a_storage_fault_not_a_broken_photo(proxy: ProxyCont
     assert raised.value.code is ErrorCode.STORAGE_READ_FAILED
 
 
-def test_a_dead_letter_send_during_an_sqs_outage_raises_the_services_error(proxy: ProxyControl) -> None:
+def test_a_dead_letter_refused_through_an_sqs_outage_is_reported_not_sent(proxy: ProxyControl) -> None:
     # GIVEN a dead-letter queue that answers SendMessage with 500 InternalFailure
     sqs = boto3.client("sqs")
     url = sqs.create_queue(QueueName=f"proxy-{uuid.uuid4().hex[:8]}-dlq")["QueueUrl"]
     proxy.call("outage", service="sqs", kind="error_500", seconds=30, operation="SendMessage(dlq)")
 
     # WHEN a dead letter is sent through the proxy
-    with pytest.raises(ClientError) as raised:
-        SqsQueue(through(proxy, "sqs"), url, url).send_dead_letter(uuid.uuid4(), 3, ErrorCode.WORKER_LOST)  # type: ignore[arg-type]
+    sent = SqsQueue(through(proxy, "sqs"), url, url).send_dead_letter(uuid.uuid4(), 3, ErrorCode.WORKER_LOST)  # type: ignore[arg-type]
 
-    # THEN it is SQS's own error, after botocore's retries; nothing reached the queue
-    assert raised.value.response["Error"]["Code"] in ("InternalFailure", "InternalError")
+    # THEN botocore retried until it gave up, the queue reports it unsent, and nothing arrived
+    assert sent is False
+    assert proxy.call("stats")["faults"]["sqs:error_500"] == REQUESTS
     assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)
 
 

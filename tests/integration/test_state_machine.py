@@ -304,9 +304,11 @@ class RealHandlerMachine(JobStateMachine):
                     QueueUrl=self.queues.dead_letter_url, ReceiptHandle=message["ReceiptHandle"]
                 )
 
-    def _deliver(self, index: int, fault: ErrorCode | None, *, upload_event: bool = False) -> Outcome:
+    def _deliver(self, index: int, fault: ErrorCode | None, *, upload: int | None = None) -> Outcome:
         shot = self.photos[index]
-        body = notification(shot.key) if upload_event else json.dumps({"photoId": str(shot.photo_id)})
+        body = (
+            json.dumps({"photoId": str(shot.photo_id)}) if upload is None else notification(shot.key, upload)
+        )
         self.sqs.send_message(QueueUrl=self.queues.url, MessageBody=body)
         (message,) = self.sqs.receive_message(
             QueueUrl=self.queues.url,
@@ -314,8 +316,10 @@ class RealHandlerMachine(JobStateMachine):
             AttributeNames=["All"],
             MessageAttributeNames=["All"],
         )["Messages"]
-        with self._fault(shot, fault):
+        with self._fault(shot, fault) as sends:
             answer = process.lambda_handler(sqs_event([message], self.queues.arn), LambdaContext())
+        # The dead-letter queue refused as many sends as were tried, up to what it was told to.
+        self.queue.refusing -= min(len(sends), self.queue.refusing)
         self.sqs.delete_message(QueueUrl=self.queues.url, ReceiptHandle=message["ReceiptHandle"])
         if answer["batchItemFailures"]:
             self.queue.inflight.append(shot.photo_id)  # the queue brings the record back
@@ -323,7 +327,8 @@ class RealHandlerMachine(JobStateMachine):
         return Outcome.PUBLISHED
 
     @contextmanager
-    def _fault(self, shot: uploads.Upload, fault: ErrorCode | None) -> Iterator[None]:
+    def _fault(self, shot: uploads.Upload, fault: ErrorCode | None) -> Iterator[list[float]]:
+        """This delivery's fault; yields the SendMessage calls the dead-letter queue refused."""
         with ExitStack() as stack_:
             if fault is ErrorCode.STORAGE_READ_FAILED:
                 stack_.enter_context(aws_fails(bootstrap.s3_client(), "GetObject"))
@@ -331,7 +336,13 @@ class RealHandlerMachine(JobStateMachine):
                 # This delivery reads a broken original; the photo's own comes back afterwards.
                 uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL[: len(ORIGINAL) // 2])
                 stack_.callback(uploads.put_original, self.s3, REAL_BUCKET, shot.key, ORIGINAL)
-            yield
+            sends: list[float] = []
+            if self.queue.refusing:
+                # A delivery's only SendMessage is its dead letter (every receive count here is 1).
+                sends = stack_.enter_context(
+                    aws_fails(bootstrap.sqs_client(), "SendMessage", times=self.queue.refusing)
+                )
+            yield sends
 
     def dead_letters(self) -> list[tuple[uuid.UUID, ErrorCode]]:
         dead = list(self.queue.dead)  # the sweep's (it is given the recording queue)
@@ -352,11 +363,12 @@ class RealHandlerMachine(JobStateMachine):
         return dead
 
 
-def notification(key: str) -> str:
-    """The S3 event notification of an upload of `key` (its body as SQS carries it)."""
+def notification(key: str, upload: int) -> str:
+    """The S3 event notification of the `upload`-th upload of `key` (its body as SQS carries it),
+    marked as the stand-in machine marks it: S3's sequencer and eTag."""
     record = json.loads(load_event("sqs_s3_notification")["Records"][0]["body"])["Records"][0]
     record["s3"]["bucket"]["name"] = REAL_BUCKET
-    record["s3"]["object"]["key"] = key
+    record["s3"]["object"] |= {"key": key, "sequencer": f"{upload:X}", "eTag": f"etag-{upload}"}
     return json.dumps({"Records": [record]})
 
 
