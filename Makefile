@@ -7,7 +7,7 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench build clean
+.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
@@ -17,6 +17,8 @@ help:
 	@echo "make migrate   apply the migrations to DATABASE_URL"
 	@echo "make bench     every benchmark against its peers: figures, verdicts, cost table, plots"
 	@echo "               (installs sharp and vipsthumbnail where missing; BENCH_ROUNDS=1 BENCH_RENDERS=200: quicker)"
+	@echo "make soak      2,000 photos under chaos (killed workers, database/S3/SQS faults) and the"
+	@echo "               state machines at scale (SOAK_SEED=<n> replays a run's schedule)"
 	@echo "make build     sam build"
 	@echo "make tools     sam, cfn-lint and checkov in .venv-tools (test and build use them)"
 
@@ -128,6 +130,20 @@ bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 	$(BIN)/python -m benchmarks.$$module || failed="$$failed $$module"; \
 	done; \
 	test -z "$$failed" || { echo "FAILED:$$failed (the others ran)"; exit 1; }
+
+# Issue 12: the chaos soak (devkit/soak.py: 2,000 photos, workers SIGKILLed at every stage, database,
+# S3 and SQS faults, duplicates; SOAK_SEED=<n> replays a schedule, SOAK_<FIELD> resizes it, logs in
+# .local/soak/), then the state machines at scale (HYPOTHESIS_PROFILE=soak: 200 examples x 50 steps
+# over 10 photos, past pytest's usual per-test timeout; its own basetemp, which other pytest sessions'
+# rotation of /tmp/pytest-of-$USER cannot delete under a running PostgreSQL). Both run; make fails at
+# the end, naming which.
+soak: venv
+	@failed=; \
+	$(BIN)/python -m devkit.soak || failed="$$failed soak"; \
+	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q --timeout=3600 --basetemp=.local/soak/pytest \
+	tests/integration/test_state_machine.py \
+	|| failed="$$failed state-machines"; \
+	test -z "$$failed" || { echo "FAILED:$$failed"; exit 1; }
 
 build: tools
 	@test -n "$(PY312_BIN)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 2; }

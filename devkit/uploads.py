@@ -21,9 +21,11 @@ class Upload:
     key: str
 
 
-def register(engine: Engine, stage: str, file_name: str, album_id: UUID | None = None) -> Upload:
+def register(
+    engine: Engine, stage: str, file_name: str, album_id: UUID | None = None, photo_id: UUID | None = None
+) -> Upload:
     """The API's insert: a photo row and its job row, every other column left to its default."""
-    upload_ = Upload(album_id or uuid.uuid4(), uuid.uuid4(), "")
+    upload_ = Upload(album_id or uuid.uuid4(), photo_id or uuid.uuid4(), "")
     key = original_key(stage, upload_.album_id, upload_.photo_id, file_name)
     with engine.begin() as connection:
         connection.execute(

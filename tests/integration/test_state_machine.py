@@ -3,15 +3,23 @@
 Hypothesis interleaves deliveries, duplicates, upload events, transient and permanent failures,
 crashed workers, time passing (stale claims, backoffs running out), sweeps and operator retries
 over a few photos, and checks the invariants after every step. The repository, the service, the
-sweep and libvips are the real ones; the object store and the queue are in-process recordings
-(S3 and SQS are proven through moto's server by the other integration tests).
+sweep and libvips are the real ones; in the first machine the object store and the queue are
+in-process recordings. The second drives every delivery through the real process handler: a real
+SQS message (moto's server) in a Lambda-shaped event, the real S3 store and queue behind it.
+
+Sizes are Hypothesis profiles: `ci` (the default) and `soak` (HYPOTHESIS_PROFILE=soak, which
+`make soak` sets: 200 examples of 50 steps over 10 photos).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections import deque
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -20,8 +28,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import Engine, func, select, text
 
-from devkit import samples, uploads
-from photo_publish import operator
+from devkit import handlers, samples, stack, uploads
+from devkit.poller import LambdaContext, sqs_event
+from photo_publish import bootstrap, operator
 from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
@@ -31,9 +40,18 @@ from photo_publish.repository import PhotoRepository
 from photo_publish.service import Outcome, PhotoService
 from photo_publish.settings import Settings
 from photo_publish.sweep import Sweeper
-from tests.conftest import STAGE, TABLES
+from tests.conftest import STAGE, TABLES, load_event
+from tests.faults import aws_fails
 
-PHOTOS = 3
+settings.register_profile(
+    "ci", max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.register_profile(
+    "soak", max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=list(HealthCheck)
+)
+PROFILE = "soak" if os.environ.get("HYPOTHESIS_PROFILE") == "soak" else "ci"
+PHOTOS = 10 if PROFILE == "soak" else 3
+process = handlers.load("process")
 ORIGINAL = bytes(samples.photograph("LadyBird.jpg").thumbnail_image(96).jpegsave_buffer(Q=85))
 FAULTS = st.sampled_from([None, None, ErrorCode.STORAGE_READ_FAILED, ErrorCode.DECODE_FAILED])
 
@@ -254,11 +272,15 @@ class JobStateMachine(RuleBasedStateMachine):
             failed = connection.execute(
                 select(PhotoJob.photo_id, PhotoJob.last_error_code).where(PhotoJob.status == "failed")
             ).all()
+        dead = self.dead_letters()
         for photo_id, code in failed:
-            assert ((photo_id, ErrorCode(code)) in self.queue.dead) != ErrorCode(code).permanent
+            assert ((photo_id, ErrorCode(code)) in dead) != ErrorCode(code).permanent
         with self.engine.connect() as connection:
             owed = connection.scalar(select(func.count()).where(PhotoJob.dead_letter_owed_at.is_not(None)))
         assert owed == 0, "a dead letter is still owed after the sweeps"
+
+    def dead_letters(self) -> list[tuple[uuid.UUID, ErrorCode]]:
+        return self.queue.dead
 
     def _index(self, photo_id: uuid.UUID) -> int:
         return next(i for i, p in enumerate(self.photos) if p.photo_id == photo_id)
@@ -268,9 +290,142 @@ class JobStateMachine(RuleBasedStateMachine):
 def test_the_job_state_machine_keeps_its_invariants(db: Engine, database_url: str) -> None:
     JobStateMachine.engine = db
     JobStateMachine.base = Settings(database_url=database_url, photo_bucket="photo-publish-test", stage=STAGE)
-    run_state_machine_as_test(
-        JobStateMachine,
-        settings=settings(
-            max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
-        ),
+    run_state_machine_as_test(JobStateMachine, settings=settings.get_profile(PROFILE))
+
+
+# The real handler's flavour: smaller in CI (each step is a few HTTP calls to moto's server).
+settings.register_profile(
+    "ci-handler",
+    max_examples=8,
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+REAL_BUCKET = "photo-publish-machine"
+
+
+class RealHandlerMachine(JobStateMachine):
+    """The same world, each delivery a real SQS message handed to the real process handler.
+
+    The handler runs as Lambda runs it (bootstrap's S3 store, SQS queue and engine, from the
+    functions' environment); its answer decides what the model puts back in flight, and the
+    message itself is deleted (the model, not moto's visibility clock, says when it comes back,
+    since `time_passes` moves the database's clock only). Dead letters are read from moto's queue.
+    """
+
+    s3: Any
+    sqs: Any
+    queues: stack.Queues
+
+    def __init__(self) -> None:
+        super().__init__()
+        for shot in self.photos:
+            uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL)
+        while messages := self.sqs.receive_message(
+            QueueUrl=self.queues.dead_letter_url, MaxNumberOfMessages=10
+        ).get("Messages", []):
+            for message in messages:
+                self.sqs.delete_message(
+                    QueueUrl=self.queues.dead_letter_url, ReceiptHandle=message["ReceiptHandle"]
+                )
+
+    def _deliver(self, index: int, fault: ErrorCode | None, *, upload: int | None = None) -> Outcome:
+        shot = self.photos[index]
+        body = (
+            json.dumps({"photoId": str(shot.photo_id)}) if upload is None else notification(shot.key, upload)
+        )
+        self.sqs.send_message(QueueUrl=self.queues.url, MessageBody=body)
+        (message,) = self.sqs.receive_message(
+            QueueUrl=self.queues.url,
+            MaxNumberOfMessages=1,
+            AttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )["Messages"]
+        with self._fault(shot, fault) as sends:
+            answer = process.lambda_handler(sqs_event([message], self.queues.arn), LambdaContext())
+        # The dead-letter queue refused as many sends as were tried, up to what it was told to.
+        self.queue.refusing -= min(len(sends), self.queue.refusing)
+        self.sqs.delete_message(QueueUrl=self.queues.url, ReceiptHandle=message["ReceiptHandle"])
+        if answer["batchItemFailures"]:
+            self.queue.inflight.append(shot.photo_id)  # the queue brings the record back
+            return Outcome.RETRY
+        return Outcome.PUBLISHED
+
+    @contextmanager
+    def _fault(self, shot: uploads.Upload, fault: ErrorCode | None) -> Iterator[list[float]]:
+        """This delivery's fault; yields the SendMessage calls the dead-letter queue refused."""
+        with ExitStack() as stack_:
+            if fault is ErrorCode.STORAGE_READ_FAILED:
+                stack_.enter_context(aws_fails(bootstrap.s3_client(), "GetObject"))
+            elif fault is ErrorCode.DECODE_FAILED:
+                # This delivery reads a broken original; the photo's own comes back afterwards.
+                uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL[: len(ORIGINAL) // 2])
+                stack_.callback(uploads.put_original, self.s3, REAL_BUCKET, shot.key, ORIGINAL)
+            sends: list[float] = []
+            if self.queue.refusing:
+                # A delivery's only SendMessage is its dead letter (every receive count here is 1).
+                sends = stack_.enter_context(
+                    aws_fails(bootstrap.sqs_client(), "SendMessage", times=self.queue.refusing)
+                )
+            yield sends
+
+    def dead_letters(self) -> list[tuple[uuid.UUID, ErrorCode]]:
+        dead = list(self.queue.dead)  # the sweep's (it is given the recording queue)
+        while messages := self.sqs.receive_message(
+            QueueUrl=self.queues.dead_letter_url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=60,
+            MessageAttributeNames=["All"],
+        ).get("Messages", []):
+            for message in messages:
+                attributes = message["MessageAttributes"]
+                dead.append(
+                    (
+                        uuid.UUID(attributes["photoId"]["StringValue"]),
+                        ErrorCode(attributes["errorCode"]["StringValue"]),
+                    )
+                )
+        return dead
+
+
+def notification(key: str, upload: int) -> str:
+    """The S3 event notification of the `upload`-th upload of `key` (its body as SQS carries it),
+    marked as the stand-in machine marks it: S3's sequencer and eTag."""
+    record = json.loads(load_event("sqs_s3_notification")["Records"][0]["body"])["Records"][0]
+    record["s3"]["bucket"]["name"] = REAL_BUCKET
+    record["s3"]["object"] |= {"key": key, "sequencer": f"{upload:X}", "eTag": f"etag-{upload}"}
+    return json.dumps({"Records": [record]})
+
+
+@pytest.mark.slow
+def test_the_real_handler_keeps_the_invariants(
+    db: Engine, database_url: str, aws_endpoint: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3, sqs = stack.clients()
+    s3.create_bucket(Bucket=REAL_BUCKET)
+    queues = stack.create_queues(
+        sqs, f"machine-{uuid.uuid4().hex[:12]}", max_receive_count=5, visibility_timeout=60
     )
+    base = Settings(
+        database_url=database_url,
+        photo_bucket=REAL_BUCKET,
+        stage=STAGE,
+        process_queue_url=queues.url,
+        dead_letter_queue_url=queues.dead_letter_url,
+        retry_base_seconds=60,
+        stale_after_seconds=300,
+        sweep_after_seconds=600,
+    )
+    # The functions' environment, as the template sets it, for bootstrap to build the real parts.
+    for name, value in asdict(base).items():
+        if value is not None:
+            monkeypatch.setenv(name.upper(), str(value))
+    bootstrap.reset()
+    RealHandlerMachine.engine, RealHandlerMachine.base = db, base
+    RealHandlerMachine.s3, RealHandlerMachine.sqs, RealHandlerMachine.queues = s3, sqs, queues
+    try:
+        run_state_machine_as_test(
+            RealHandlerMachine, settings=settings.get_profile("soak" if PROFILE == "soak" else "ci-handler")
+        )
+    finally:
+        bootstrap.reset()

@@ -1,0 +1,369 @@
+"""A fault-injecting HTTP proxy on loopback, in front of an S3 + SQS endpoint (moto or LocalStack).
+
+The functions under test reach AWS through it (their AWS_ENDPOINT_URL names it); the soak's own
+checking clients go to the endpoint directly. Each request is forwarded unchanged, or, as the
+seeded dice or an outage window say, answered with a fault the real services produce:
+
+- `error_500` / `error_503`: an error answer in the service's own shape (S3's XML `InternalError` /
+  `SlowDown`, SQS's JSON `InternalFailure` / `ServiceUnavailable`), without forwarding;
+- `slow`: forwarded after a delay;
+- `drop_request`: the connection closed (sometimes reset) before forwarding: nothing happened;
+- `drop_response`: forwarded, then the connection closed: it happened, the caller cannot know;
+- `truncate` (S3 GetObject): the headers and half the body, then the connection reset.
+
+botocore retries each of these (3 attempts in the functions' standard mode), so single faults test
+the retries and outage windows (every request of a service, or of one operation, failing for a few
+seconds) reach the code's own transient paths. A cursed key fails every GetObject of that original
+until the proxy is made quiet: a photo whose storage keeps failing until its attempts run out.
+
+Control (the harness, on the same port; no bucket is named `__soak__`):
+GET /__soak__/stats, POST /__soak__/quiet, POST /__soak__/outage {"service", "kind", "seconds",
+"operation"?}, POST /__soak__/curse {"keys": [...]}.
+
+Run: python -m devkit.faultproxy --upstream http://127.0.0.1:PORT --seed N --log FILE
+(it prints its own URL on its first line of standard output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
+
+KINDS = ("error_500", "error_503", "slow", "drop_request", "drop_response", "truncate")
+# Faults per request while chaos is on, by service (a share of all requests); `truncate` applies to
+# S3 GetObject only. botocore's three attempts absorb nearly all of them: outages do the rest.
+DEFAULT_RATES = {
+    "s3": {
+        "error_500": 0.01,
+        "error_503": 0.01,
+        "slow": 0.01,
+        "drop_request": 0.005,
+        "drop_response": 0.005,
+        "truncate": 0.01,
+    },
+    "sqs": {
+        "error_500": 0.01,
+        "error_503": 0.01,
+        "slow": 0.01,
+        "drop_request": 0.005,
+        "drop_response": 0.005,
+    },
+}
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
+)
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+# The photo a request is about, for the soak's per-photo histories: an original's or a variant's
+# key, or a job message's body.
+PHOTO_IN_PATH = re.compile(rf"/(?:originals/albums/{UUID}|variants)/({UUID})/")
+PHOTO_IN_BODY = re.compile(rf'photoId\\*"\s*:\s*\\*"({UUID})')
+
+
+@dataclass
+class Outage:
+    service: str
+    kind: str
+    until: float
+    operation: str | None = None
+
+
+@dataclass
+class Faults:
+    """What to inject, decided under one lock from one seeded generator."""
+
+    seed: int
+    rates: dict[str, dict[str, float]] = field(default_factory=lambda: DEFAULT_RATES)
+    slow_seconds: tuple[float, float] = (0.2, 1.5)
+    quiet: bool = False
+    outages: list[Outage] = field(default_factory=list)
+    cursed: set[str] = field(default_factory=set)
+    counts: Counter[str] = field(default_factory=Counter)
+    requests: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)
+        self._lock = threading.Lock()
+
+    def decide(self, service: str, operation: str, key: str | None) -> tuple[str | None, float]:
+        """The fault for this request (or None) and, for `slow`, its delay."""
+        with self._lock:
+            self.requests[f"{service}:{operation}"] += 1
+            if self.quiet:
+                return None, 0.0
+            now = time.monotonic()
+            self.outages = [o for o in self.outages if o.until > now]
+            kind = None
+            if key is not None and key in self.cursed and operation == "GetObject":
+                kind = "error_500"
+            for outage in self.outages:
+                if outage.service == service and outage.operation in (None, operation):
+                    kind = outage.kind
+            if kind is None:
+                roll = self._random.random()
+                for candidate, rate in self.rates.get(service, {}).items():
+                    if candidate == "truncate" and operation != "GetObject":
+                        continue
+                    if roll < rate:
+                        kind = candidate
+                        break
+                    roll -= rate
+            delay = self._random.uniform(*self.slow_seconds) if kind == "slow" else 0.0
+            if kind is not None:
+                self.counts[f"{service}:{kind}"] += 1
+            return kind, delay
+
+    def coin(self) -> bool:
+        with self._lock:
+            return self._random.random() < 0.5
+
+    def control(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if action == "quiet":
+                self.quiet, self.outages, self.cursed = True, [], set()
+            elif action == "outage":
+                self.outages.append(
+                    Outage(
+                        body["service"],
+                        body["kind"],
+                        time.monotonic() + float(body["seconds"]),
+                        body.get("operation"),
+                    )
+                )
+            elif action == "curse":
+                self.cursed.update(body["keys"])
+            return {"faults": dict(self.counts), "requests": dict(self.requests), "quiet": self.quiet}
+
+
+def classify(method: str, path: str, headers: Any, body: bytes) -> tuple[str, str, str | None]:
+    """(service, operation, S3 key or None) of a request, as the proxy needs to know them."""
+    target = headers.get("X-Amz-Target", "")
+    if target.startswith("AmazonSQS."):
+        operation = target.split(".", 1)[1]
+        # The dead-letter queue's sends are told apart: an outage can aim at them alone.
+        if operation == "SendMessage" and b"-dlq" in body:
+            operation = "SendMessage(dlq)"
+        return "sqs", operation, None
+    if b"Action=" in body[:200] and "x-www-form-urlencoded" in headers.get("Content-Type", ""):
+        action = re.search(rb"Action=(\w+)", body)
+        return "sqs", action.group(1).decode() if action else "unknown", None
+    parts = unquote(urlsplit(path).path).lstrip("/").split("/", 1)
+    key = parts[1] if len(parts) > 1 and parts[1] else None
+    operation = {"GET": "GetObject", "PUT": "PutObject", "HEAD": "HeadObject", "DELETE": "DeleteObject"}.get(
+        method, method
+    )
+    if key is None:
+        operation = f"{method}Bucket"
+    return "s3", operation, key
+
+
+def error_answer(service: str, kind: str) -> tuple[int, str, bytes]:
+    """(status, content type, body) of the service's own error answer for this fault."""
+    status = 503 if kind == "error_503" else 500
+    if service == "sqs":
+        name = "ServiceUnavailable" if status == 503 else "InternalFailure"
+        body = json.dumps({"__type": f"com.amazonaws.sqs#{name}", "message": "injected by the soak"})
+        return status, "application/x-amz-json-1.0", body.encode()
+    code = "SlowDown" if status == 503 else "InternalError"
+    xml = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>injected by the soak</Message></Error>"
+    return status, "application/xml", xml.encode()
+
+
+class ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # Many worker threads keep connections open at once.
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], upstream: str, faults: Faults, log: TextIO) -> None:
+        super().__init__(address, ProxyHandler)
+        parsed = urlsplit(upstream)
+        self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.faults = faults
+        self.log = log
+        self.log_lock = threading.Lock()
+        self.local = threading.local()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away (a worker SIGKILLed mid-request) is part of the weather.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+    def record(self, **fields: Any) -> None:
+        with self.log_lock:
+            self.log.write(json.dumps({"t": round(time.time(), 3), **fields}) + "\n")
+            self.log.flush()
+
+
+class ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Headers and body leave in two writes: with Nagle's algorithm and delayed ACKs each answer
+    # would wait 40 ms.
+    disable_nagle_algorithm = True
+    server: ProxyServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # one line per request would bury the faults
+        pass
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        if self.path.startswith("/__soak__/"):
+            self._control(body)
+            return
+        service, operation, key = classify(self.command, self.path, self.headers, body)
+        kind, delay = self.server.faults.decide(service, operation, key)
+        if kind is not None:
+            found = PHOTO_IN_PATH.search(self.path) or PHOTO_IN_BODY.search(body.decode("utf-8", "replace"))
+            self.server.record(
+                fault=kind, service=service, operation=operation, photo_id=found.group(1) if found else None
+            )
+        if kind in ("error_500", "error_503"):
+            status, content_type, payload = error_answer(service, kind)
+            self._answer(status, [("Content-Type", content_type)], payload)
+            return
+        if kind == "drop_request":
+            self._drop()
+            return
+        if kind == "slow":
+            time.sleep(delay)
+        try:
+            status, headers, payload = self._forward(body)
+        except OSError:
+            self._answer(502, [("Content-Type", "text/plain")], b"upstream unreachable")
+            return
+        if kind == "drop_response":
+            self._drop()
+        elif kind == "truncate" and status == 200 and len(payload) > 1:
+            self._answer(status, headers, payload[: len(payload) // 2], length=len(payload))
+            self._drop(reset=True)
+        else:
+            self._answer(status, headers, payload)
+
+    def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        if body or self.command in ("PUT", "POST"):
+            headers["Content-Length"] = str(len(body))
+        for fresh in (False, True):
+            connection = self._upstream(fresh)
+            try:
+                connection.request(self.command, self.path, body=body, headers=headers)
+                response = connection.getresponse()
+                payload = response.read()
+            except (http.client.HTTPException, OSError):
+                connection.close()
+                if fresh:
+                    raise
+                continue  # a kept-alive connection the upstream had closed: once more on a new one
+            kept = [(k, v) for k, v in response.getheaders() if k.lower() not in HOP_BY_HOP]
+            if self.command == "HEAD":
+                kept += [(k, v) for k, v in response.getheaders() if k.lower() == "content-length"]
+            return response.status, kept, payload
+        raise OSError("unreachable")
+
+    def _upstream(self, fresh: bool) -> http.client.HTTPConnection:
+        local = self.server.local
+        if fresh or getattr(local, "connection", None) is None:
+            host, port = self.server.upstream
+            local.connection = http.client.HTTPConnection(host, port, timeout=60)
+        connection: http.client.HTTPConnection = local.connection
+        return connection
+
+    def _answer(
+        self, status: int, headers: list[tuple[str, str]], payload: bytes, *, length: int | None = None
+    ) -> None:
+        self.send_response_only(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        if self.command != "HEAD":
+            self.send_header("Content-Length", str(len(payload) if length is None else length))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+        self.wfile.flush()
+
+    def _drop(self, *, reset: bool | None = None) -> None:
+        """Close the connection without (the rest of) an answer; sometimes as a reset (RST)."""
+        if reset is None:
+            reset = self.server.faults.coin()
+        if reset:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+
+    def _control(self, body: bytes) -> None:
+        action = self.path.removeprefix("/__soak__/")
+        state = self.server.faults.control(action, json.loads(body) if body else {})
+        if action != "stats":
+            self.server.record(control=action, **(json.loads(body) if body else {}))
+        self._answer(200, [("Content-Type", "application/json")], json.dumps(state).encode())
+
+
+@dataclass(frozen=True)
+class ProxyControl:
+    """The harness's handle on a running proxy."""
+
+    url: str
+
+    def call(self, action: str, **body: Any) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.url}/__soak__/{action}",
+            data=json.dumps(body).encode() if body or action != "stats" else None,
+            method="POST" if action != "stats" else "GET",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer: dict[str, Any] = json.load(response)
+        return answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--rates", default="", help="JSON {service: {kind: share}}, replacing the defaults")
+    args = parser.parse_args()
+    faults = Faults(args.seed, rates=json.loads(args.rates) if args.rates else DEFAULT_RATES)
+    with open(args.log, "a") as log:  # noqa: PTH123 - a text stream for the server's lifetime
+        server = ProxyServer(("127.0.0.1", args.port), args.upstream, faults, log)
+        print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+        try:
+            server.serve_forever(poll_interval=0.2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,952 @@
+"""`make soak`: the real functions under chaos, at volume, and the promise checked at the end.
+
+Several worker processes run the real process handler the way devkit's poller feeds it (Lambda's
+SQS batches; what succeeded deleted, visibility and redrive left to the queue), two sweep processes
+run the real sweep handler on a short schedule, over moto's server (or LocalStack / the endpoint in
+AWS_ENDPOINT_URL) and PostgreSQL (embedded, or DATABASE_URL). Timeouts are short and keep the
+settings' timing invariant: function timeout < STALE_AFTER_SECONDS < visibility (6 x the timeout).
+
+While photos are uploaded (small real JPEGs made from tests/images, and a share of broken and
+hostile files), at moments drawn from one seed (SOAK_SEED, printed):
+- workers SIGKILL themselves at each stage of a delivery (devkit.chaos) and are restarted;
+- the database's connections are terminated, and PostgreSQL is restarted once;
+- S3 and SQS answer with errors, slowly, or drop connections (devkit.faultproxy, in front of the
+  endpoint; outage windows let faults outlast botocore's retries);
+- job messages and S3 notifications are delivered twice, originals uploaded again, and malformed
+  messages sent.
+Then the faults stop, the queue and the sweeps drain the work (bounded), and devkit.soakcheck checks
+the invariants and prints the figures; any violation prints the seed and the photo's history.
+
+The seed fixes the schedule (the file mix, each worker life's kill stage and countdown, the proxy's
+dice, the times of database faults, outages and duplicates); the operating system still decides the
+interleaving, so a replay repeats the pressure, not the exact race.
+
+`python -m devkit.soak` (what `make soak` runs); SOAK_* variables override Config's fields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+from uuid import UUID
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from devkit import chaos, samples, soakcheck, stack, uploads
+from devkit.faultproxy import ProxyControl
+from photo_publish.database import sqlalchemy_url
+from photo_publish.keys import original_key
+from photo_publish.settings import Settings
+
+ROOT = stack.ROOT
+STAGE = "dev"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int
+    photos: int = 2000
+    workers: int = 4
+    sweeps: int = 2
+    # SIGKILLs planned at the five stages (evenly); each worker life is armed with one.
+    kills: int = 60
+    # Uploads per second while the chaos runs.
+    upload_rate: float = 6.0
+    function_timeout: float = 4.0
+    stale_after: int = 6
+    visibility: int = 24
+    # Above the queue's backlog age: a pending row older than this is sent again by every sweep
+    # lease (a backlog older than SWEEP_AFTER_SECONDS multiplies the queue's messages).
+    sweep_after: int = 20
+    sweep_every: float = 3.0
+    retry_base: int = 1
+    batch_size: int = 5  # the template's BatchSize
+    max_original_bytes: int = 2 * 1024 * 1024
+    memory_mb: int = 1769  # the template's ProcessMemorySize
+    # PNGs of 1,000,000 x 100 pixels under the pixel limit (issue 11 item 1).
+    shape_bombs: int = 2
+    hostile_share: float = 0.08
+    # Originals whose every GetObject fails until the drain: the photo's attempts run out.
+    unlucky_share: float = 0.01
+    duplicate_every: float = 0.4
+    drain_seconds: float = 240.0
+    restart_postgres: bool = True
+    # False: no kills, faults, duplicates or cursed originals (a baseline for the figures).
+    chaos: bool = True
+    output: Path = ROOT / ".local" / "soak"
+
+    def __post_init__(self) -> None:
+        # The template's timing invariant, which the stale and visibility logic relies on.
+        if not self.function_timeout < self.stale_after < self.visibility:
+            raise ValueError("need function timeout < stale after < visibility")
+        if self.visibility < 6 * self.function_timeout:
+            raise ValueError("the visibility timeout must be at least 6 x the function timeout")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **defaults: Any) -> Config:
+        """Fields from SOAK_<NAME> variables; the seed from SOAK_SEED, else a fresh one."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {"seed": random.SystemRandom().randrange(10**9)} | defaults
+        for spec in fields(cls):
+            raw = env.get(f"SOAK_{spec.name.upper()}")
+            if raw:
+                kind = type(values.get(spec.name, spec.default))
+                values[spec.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+        return cls(**values)
+
+
+@dataclass
+class Planned:
+    """One photo of the run: what it is, what it must end as, and what the harness did to it."""
+
+    index: int
+    kind: str
+    file_name: str
+    data: bytes | None
+    expected: str  # "ready", or the error code a hostile file must end with
+    photo_id: UUID
+    album_id: UUID
+    uploaded_at: float | None = None
+    targeted: bool = False
+    actions: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return original_key(STAGE, self.album_id, self.photo_id, self.file_name)
+
+    def did(self, action: str) -> None:
+        self.actions.append((time.time(), action))
+
+
+# Hostile files: (name suffix, expected code); their bytes come from hostile_files().
+HOSTILE = {
+    "truncated": (".jpg", "DECODE_FAILED"),
+    "not_an_image": (".jpg", "UNSUPPORTED_FORMAT"),
+    "empty": (".jpg", "UNSUPPORTED_FORMAT"),
+    "pixel_bomb": (".png", "DIMENSIONS_EXCEEDED"),
+    "too_large": (".jpg", "ORIGINAL_TOO_LARGE"),
+}
+
+
+def photo_pool() -> list[bytes]:
+    """Small real JPEGs: the run stresses coordination, not the encoder."""
+    pool = []
+    for path in samples.photographs():
+        image = samples.photograph(path.name)
+        for width in (256, 384, 512):
+            pool.append(bytes(image.thumbnail_image(width).jpegsave_buffer(Q=80)))
+    return pool
+
+
+def shape_bomb() -> bytes:
+    """1,000,000 x 100 RGB PNG (about 400 KB): 1.85 GB to decode without a per-axis limit."""
+    import pyvips
+
+    return bytes(pyvips.Image.black(1_000_000, 100, bands=3).pngsave_buffer(compression=9))
+
+
+def hostile_files(pool: list[bytes], config: Config) -> dict[str, bytes]:
+    return {
+        "truncated": samples.truncated(pool[0], 0.5),
+        "not_an_image": b"this is not a photograph\n" * 40,
+        "empty": b"",
+        "pixel_bomb": samples.pixel_bomb_png(),
+        "too_large": b"\xff\xd8\xff" + bytes(config.max_original_bytes),
+    }
+
+
+def _kind(config: Config, roll: float, rng: random.Random) -> str:
+    shares = [
+        ("hostile", config.hostile_share),
+        ("unlucky", config.unlucky_share),
+        ("early_original", 0.01),  # the upload races the API's insert of its row
+        ("missing_original", 0.005),  # a row whose original never comes
+    ]
+    for kind, share in shares:
+        if roll < share:
+            return rng.choice(list(HOSTILE)) if kind == "hostile" else kind
+        roll -= share
+    return "photo"
+
+
+def plan(config: Config, rng: random.Random, pool: list[bytes]) -> list[Planned]:
+    hostile = hostile_files(pool, config)
+    kinds = [_kind(config, rng.random(), rng) for _ in range(config.photos - config.shape_bombs)]
+    for _ in range(config.shape_bombs):
+        kinds.insert(rng.randrange(len(kinds) // 4, len(kinds) + 1), "shape_bomb")
+    bomb = shape_bomb() if config.shape_bombs else b""
+    planned = []
+    for index, kind in enumerate(kinds):
+        if kind in HOSTILE:
+            suffix, expected = HOSTILE[kind]
+            data: bytes | None = hostile[kind]
+        elif kind == "shape_bomb":
+            suffix, expected, data = ".png", "DIMENSIONS_EXCEEDED", bomb
+        elif kind == "missing_original":
+            suffix, expected, data = ".jpg", "ORIGINAL_NOT_FOUND", None
+        else:
+            suffix, expected, data = ".jpg", "ready", rng.choice(pool)
+        # Seeded ids: a replay's histories name the same photos.
+        photo_id, album_id = (uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(2))
+        planned.append(
+            Planned(index, kind, f"{kind}-{index:05d}{suffix}", data, expected, photo_id, album_id)
+        )
+    return planned
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def retrying(action: Callable[[], T], *, seconds: float = 60) -> T:
+    """The harness's own calls outlive the faults it injects (a PostgreSQL restart, a terminated session)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return action()
+        except DBAPIError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def register(database: Database, planned: Planned) -> None:
+    """The upload API's insert, retried until it is known to have landed."""
+
+    def once() -> None:
+        # IntegrityError: an earlier try committed and its answer was lost (a restart, a dropped session).
+        with contextlib.suppress(IntegrityError):
+            uploads.register(database.engine, STAGE, planned.file_name, planned.album_id, planned.photo_id)
+
+    retrying(once)
+
+
+@contextmanager
+def upstream_endpoint(run_dir: Path) -> Iterator[str]:
+    """The S3 + SQS endpoint: LocalStack or AWS_ENDPOINT_URL when set, else moto's server in its own
+    process (the soak's traffic would starve a server sharing the harness's interpreter)."""
+    os.environ.setdefault("AWS_DEFAULT_REGION", stack.REGION)
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    if stack.localstack() or os.environ.get("AWS_ENDPOINT_URL"):
+        with stack.aws_endpoint():
+            yield os.environ["AWS_ENDPOINT_URL"]
+        return
+    port = free_port()
+    with (run_dir / "moto.log").open("w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: urllib.request.urlopen(f"{url}/moto-api/", timeout=1).status == 200, 30)
+        os.environ["AWS_ENDPOINT_URL"] = url
+        yield url
+    finally:
+        os.environ.pop("AWS_ENDPOINT_URL", None)
+        stop_process(server)
+
+
+@contextmanager
+def fault_proxy(
+    upstream: str, seed: int, run_dir: Path, rates: dict[str, dict[str, float]] | None = None
+) -> Iterator[ProxyControl]:
+    """The fault proxy in its own process; `rates` replaces its per-request dice ({}: outages only)."""
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devkit.faultproxy",
+            "--upstream",
+            upstream,
+            "--seed",
+            str(seed),
+            "--log",
+            str(run_dir / "faults.log"),
+            "--rates",
+            "" if rates is None else json.dumps(rates),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        yield ProxyControl(proxy.stdout.readline().strip())
+    finally:
+        stop_process(proxy)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"not ready within {seconds}s")
+
+
+def stop_process(process: subprocess.Popen[Any], grace: float = 10) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass
+class Life:
+    """One worker process between its start and its death (a Lambda container)."""
+
+    role: str
+    slot: int
+    incarnation: int
+    arm: chaos.Arm | None
+    process: subprocess.Popen[Any]
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+
+class Fleet:
+    """The worker and sweep processes: started, watched, restarted when they die."""
+
+    def __init__(
+        self, config: Config, env: dict[str, str], queue_arn: str, run_dir: Path, rng: random.Random
+    ):
+        self.config = config
+        self.env = env
+        self.queue_arn = queue_arn
+        self.run_dir = run_dir
+        self.rng = rng
+        self.armed = True
+        self.stopping = False
+        self.lives: list[Life] = []
+        self.current: dict[tuple[str, int], Life] = {}
+        # Stages still to kill at, evenly over the five, in a seeded order.
+        kills = config.kills if config.chaos else 0
+        per_stage = max(kills // len(chaos.STAGES), 1 if kills else 0)
+        self.plan = [stage for stage in chaos.STAGES for _ in range(per_stage)]
+        rng.shuffle(self.plan)
+        self.commit_points = itertools.cycle(chaos.COMMIT_POINTS)
+        self.lock = threading.Lock()
+
+    def _arm(self) -> chaos.Arm | None:
+        if not self.armed or not self.plan:
+            return None
+        stage = self.plan.pop()
+        # Kills spread over the run: about `photos / kills` arrivals at a stage between two of them
+        # (a little fewer: a restarted worker takes a while to come back).
+        gap = max(int(0.7 * self.config.photos / max(self.config.kills, 1)), 1)
+        if stage == "before_delete":
+            gap = max(gap // self.config.batch_size, 1)
+        detail = ""
+        if stage == "render":
+            detail = f"{self.rng.uniform(0, 0.03):.4f}"
+        elif stage == "commit":
+            detail = next(self.commit_points)
+        return chaos.Arm(stage, self.rng.randint(1, 2 * gap), detail)
+
+    def start(self, role: str, slot: int) -> None:
+        previous = self.current.get((role, slot))
+        incarnation = 0 if previous is None else previous.incarnation + 1
+        arm = self._arm() if role == "worker" else None
+        log = self.run_dir / f"{role}-{slot}-{incarnation:03d}.log"
+        if role == "worker":
+            command = [
+                "worker",
+                f"--slot={slot}",
+                f"--incarnation={incarnation}",
+                f"--arm={arm.encode() if arm else ''}",
+                f"--queue-arn={self.queue_arn}",
+                f"--batch-size={self.config.batch_size}",
+                f"--timeout={self.config.function_timeout}",
+                f"--memory-mb={self.config.memory_mb}",
+            ]
+        else:
+            command = ["sweep", f"--slot={slot}", f"--every={self.config.sweep_every}"]
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "devkit.chaos", *command],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        life = Life(role, slot, incarnation, arm, process, log)
+        self.lives.append(life)
+        self.current[(role, slot)] = life
+
+    def start_all(self) -> None:
+        for slot in range(self.config.workers):
+            self.start("worker", slot)
+        for slot in range(self.config.sweeps):
+            self.start("sweep", slot)
+
+    def tend(self) -> None:
+        """Restart what died; an armed stage whose kill did not happen goes back to the plan."""
+        with self.lock:
+            for (role, slot), life in list(self.current.items()):
+                if life.process.poll() is None or self.stopping:
+                    continue
+                if life.arm is not None and not soakcheck.killed_at(life.log, life.arm.stage):
+                    self.plan.append(life.arm.stage)
+                self.start(role, slot)
+
+    def disarm(self) -> None:
+        with self.lock:
+            self.armed = False
+            for life in self.current.values():
+                if life.role == "worker" and life.process.poll() is None:
+                    life.process.send_signal(signal.SIGUSR1)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for life in self.current.values():
+                if life.process.poll() is None:
+                    life.process.terminate()
+            for life in self.current.values():
+                stop_process(life.process, grace=15)
+
+
+class Database:
+    """The run's PostgreSQL: the harness's engine, the faults it injects, its connections' peak."""
+
+    def __init__(self, url: str, data_dir: Path | None) -> None:
+        self.url = url
+        self.name = sqlalchemy_url(url).database
+        self.data_dir = data_dir  # the embedded server's, which can be restarted; None for DATABASE_URL
+        self.engine = create_engine(
+            sqlalchemy_url(url),
+            pool_pre_ping=True,
+            pool_size=4,
+            connect_args={"application_name": "photo-publish-soak", "connect_timeout": 5},
+        )
+        self.terminated = 0
+        self.restarts = 0
+        self.peak = {"all": 0, "functions": 0}
+        self.samples = 0
+
+    def terminate(self, rng: random.Random, everyone: bool) -> int:
+        """pg_terminate_backend on one of the functions' sessions, or on all of them."""
+
+        def run() -> int:
+            with self.engine.begin() as connection:
+                pids = list(
+                    connection.scalars(
+                        text(
+                            "SELECT pid FROM pg_stat_activity WHERE datname = :db"
+                            " AND application_name = 'photo-publish'"
+                        ),
+                        {"db": self.name},
+                    )
+                )
+                chosen = pids if everyone else rng.sample(pids, min(1, len(pids)))
+                for pid in chosen:
+                    connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            return len(chosen)
+
+        count = retrying(run)
+        self.terminated += count
+        return count
+
+    def restart(self) -> float:
+        """pg_ctl restart -m immediate: a crash and recovery (the embedded server only)."""
+        import pgserver
+
+        assert self.data_dir is not None
+        started = time.monotonic()
+        pgserver.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "immediate", "-l", str(self.data_dir / "log"), "restart"],
+            pgdata=self.data_dir,
+            user=_pgserver_user(),
+        )
+        self.restarts += 1
+        return time.monotonic() - started
+
+    def stop_restarted(self) -> None:
+        """pgserver stops the server it started; one restarted under it is stopped here."""
+        import pgserver
+
+        if self.restarts and self.data_dir is not None:
+            pgserver.pg_ctl(  # type: ignore[attr-defined]
+                ["-w", "-m", "fast", "stop"],
+                pgdata=self.data_dir,
+                user=_pgserver_user(),
+            )
+
+    def sample(self) -> None:
+        try:
+            with self.engine.connect() as connection:
+                row = connection.execute(
+                    text(
+                        "SELECT count(*), count(*) FILTER (WHERE application_name = 'photo-publish')"
+                        " FROM pg_stat_activity WHERE datname = :db"
+                    ),
+                    {"db": self.name},
+                ).one()
+        except DBAPIError:
+            return
+        self.samples += 1
+        self.peak["all"] = max(self.peak["all"], row[0])
+        self.peak["functions"] = max(self.peak["functions"], row[1])
+
+
+def _pgserver_user() -> str | None:
+    """The system user pgserver runs PostgreSQL as (it refuses to run as root)."""
+    return "pgserver" if os.geteuid() == 0 else None
+
+
+@dataclass
+class Tally:
+    """What the harness did, by kind."""
+
+    duplicates: Counter[str] = field(default_factory=Counter)
+    outages: Counter[str] = field(default_factory=Counter)
+    malformed: list[str] = field(default_factory=list)
+    database: Counter[str] = field(default_factory=Counter)
+
+
+def notification(bucket: str, planned: Planned) -> str:
+    """A second delivery of the original's S3 event notification: its key, size and eTag (the MD5 S3
+    gives a single-part upload), and, like moto's own, no sequencer: nothing marks it as new."""
+    from urllib.parse import quote_plus
+
+    data = planned.data or b""
+
+    return json.dumps(
+        {
+            "Records": [
+                {
+                    "eventVersion": "2.1",
+                    "eventSource": "aws:s3",
+                    "awsRegion": stack.REGION,
+                    "eventTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+                    "eventName": "ObjectCreated:Put",
+                    "s3": {
+                        "s3SchemaVersion": "1.0",
+                        "configurationId": "originals-created",
+                        "bucket": {"name": bucket, "arn": f"arn:aws:s3:::{bucket}"},
+                        "object": {
+                            "key": quote_plus(planned.key, safe="/"),
+                            "size": len(data),
+                            "eTag": hashlib.md5(data, usedforsecurity=False).hexdigest(),
+                        },
+                    },
+                }
+            ]
+        }
+    )
+
+
+# Bodies no producer of ours sends: acknowledged and counted, never retried or dead-lettered
+# (SPEC 6). The nested one is issue 11 item 6's RecursionError.
+MALFORMED = {
+    "not_json": "this is not JSON {",
+    "nested_json": "[" * 100_000 + "]" * 100_000,
+    "not_a_uuid": json.dumps({"photoId": "not-a-uuid"}),
+    "number_id": json.dumps({"photoId": 42}),
+}
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Everything one run set up."""
+
+    database: Database
+    proxy: ProxyControl
+    s3: Any
+    sqs: Any
+    queues: stack.Queues
+    settings: Settings
+    fleet: Fleet
+
+
+class Run:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.dir = config.output / f"{stamp}-seed{config.seed}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # Not from the seed: a replay against the same LocalStack must not find the last run's objects.
+        self.bucket = f"photo-publish-soak-{uuid.uuid4().hex[:8]}"
+        self.tally = Tally()
+        self.pool = photo_pool()
+        self.times: dict[str, float] = {}
+        self.stop_chaos = threading.Event()
+        self.stop_sampling = threading.Event()
+
+    def say(self, message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    def execute(self) -> soakcheck.Report:
+        config = self.config
+        self.say(
+            f"soak: SOAK_SEED={config.seed} photos={config.photos} workers={config.workers} -> {self.dir}"
+        )
+        started = time.monotonic()
+        photos = plan(config, self.rng, self.pool)
+        with ExitStack() as exits:
+            parts = self.set_up(exits)
+            self.times["setup"] = time.monotonic() - started
+            settled = self.agitate_and_drain(photos, parts)
+            check_started = time.monotonic()
+            report = soakcheck.check(self.inputs(photos, parts, settled))
+            self.times["check"] = time.monotonic() - check_started
+        self.times["total"] = time.monotonic() - started
+        report.times = {k: round(v, 1) for k, v in self.times.items()}
+        report.seed = config.seed
+        soakcheck.publish(report, self.dir)
+        return report
+
+    def set_up(self, exits: ExitStack) -> Parts:
+        """PostgreSQL, the endpoint and its fault proxy, queues, bucket, and the fleet started."""
+        embedded = not os.environ.get("DATABASE_URL")
+        data_dir = self.dir / "postgres"
+        # The embedded server's database stays in the run's folder for a post-mortem; one made on
+        # DATABASE_URL's (shared) server is dropped.
+        url = exits.enter_context(
+            stack.database(data_dir, name=f"photo_soak_{self.config.seed}", keep=embedded)
+        )
+        database = Database(url, data_dir if embedded else None)
+        exits.callback(database.stop_restarted)
+        exits.callback(database.engine.dispose)
+        upstream = exits.enter_context(upstream_endpoint(self.dir))
+        proxy = exits.enter_context(fault_proxy(upstream, self.config.seed, self.dir))
+        stack.migrate(url)
+        s3, sqs = stack.clients()
+        queues = stack.create_queues(
+            sqs, f"{self.bucket}-process", max_receive_count=5, visibility_timeout=self.config.visibility
+        )
+        stack.create_bucket(s3, self.bucket, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        stack.drop_test_events(sqs, queues.url)
+        settings = self.settings(url, queues)
+        fleet = Fleet(self.config, self.worker_env(settings, proxy.url), queues.arn, self.dir, self.rng)
+        exits.callback(fleet.stop)
+        fleet.start_all()
+        return Parts(database, proxy, s3, sqs, queues, settings, fleet)
+
+    def agitate_and_drain(self, photos: list[Planned], parts: Parts) -> bool:
+        """Uploads under chaos until most photos settled; then quiet, and drain. True if drained."""
+        sampler = threading.Thread(target=self.sample, args=(parts.database,), daemon=True)
+        sampler.start()
+        chaos_started = time.monotonic()
+        agitator = threading.Thread(target=self.agitate, args=(photos, parts), daemon=True)
+        if self.config.chaos:
+            agitator.start()
+        else:
+            parts.proxy.call("quiet")
+        self.upload(photos, parts)
+        self.times["uploads"] = time.monotonic() - chaos_started
+        # The chaos goes on while the backlog is worked through, not only while uploads come.
+        self.wait_processed(len(photos), parts)
+        self.stop_chaos.set()
+        if agitator.is_alive():
+            agitator.join()
+        self.times["chaos"] = time.monotonic() - chaos_started
+
+        self.say("drain: faults off, kills disarmed; waiting for the queue and the sweeps")
+        parts.proxy.call("quiet")
+        parts.fleet.disarm()
+        drain_started = time.monotonic()
+        settled = self.drain(parts)
+        self.times["drain"] = time.monotonic() - drain_started
+        self.times["to_settled"] = time.monotonic() - chaos_started
+        parts.fleet.stop()
+        self.stop_sampling.set()
+        sampler.join()
+        return settled
+
+    def inputs(self, photos: list[Planned], parts: Parts, settled: bool) -> soakcheck.Inputs:
+        database = parts.database
+        return soakcheck.Inputs(
+            config=asdict(self.config),
+            photos=photos,
+            engine=database.engine,
+            s3=parts.s3,
+            sqs=parts.sqs,
+            bucket=self.bucket,
+            stage=STAGE,
+            queues=parts.queues,
+            run_dir=self.dir,
+            lives=parts.fleet.lives,
+            proxy_stats=parts.proxy.call("stats"),
+            tally=self.tally,
+            database={
+                "terminated": database.terminated,
+                "restarts": database.restarts,
+                "peak_connections": database.peak,
+                "samples": database.samples,
+                "restartable": database.data_dir is not None,
+            },
+            settled=settled,
+            max_attempts=parts.settings.max_attempts,
+            malformed=MALFORMED,
+        )
+
+    def settings(self, url: str, queues: stack.Queues) -> Settings:
+        config = self.config
+        return Settings(
+            database_url=url,
+            photo_bucket=self.bucket,
+            stage=STAGE,
+            process_queue_url=queues.url,
+            dead_letter_queue_url=queues.dead_letter_url,
+            retry_base_seconds=config.retry_base,
+            stale_after_seconds=config.stale_after,
+            sweep_after_seconds=config.sweep_after,
+            max_original_bytes=config.max_original_bytes,
+            # The record's and the commit's share of a short function timeout.
+            record_budget_seconds=config.function_timeout * 0.4,
+            commit_budget_seconds=config.function_timeout * 0.125,
+        )
+
+    def worker_env(self, settings: Settings, proxy_url: str) -> dict[str, str]:
+        """What the template sets on the functions, with every AWS call going through the proxy."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+        env |= {name.upper(): str(value) for name, value in asdict(settings).items() if value is not None}
+        return env | {
+            "AWS_ENDPOINT_URL": proxy_url,
+            "POWERTOOLS_SERVICE_NAME": "photo-publish",
+            "POWERTOOLS_METRICS_NAMESPACE": "PhotoPublishSoak",
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+            "MALLOC_ARENA_MAX": "2",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("functions/process", "shared", ".")),
+        }
+
+    def wait_processed(self, count: int, parts: Parts, share: float = 0.95) -> None:
+        """Until `share` of the photos settled (bounded by as long again as the uploads took)."""
+        deadline = time.monotonic() + max(60.0, count / self.config.upload_rate)
+        while time.monotonic() < deadline:
+            parts.fleet.tend()
+            state = retrying(lambda: soakcheck.progress(parts.database.engine))
+            if state["ready"] + state["failed"] >= share * count:
+                return
+            time.sleep(0.2)
+
+    def upload(self, photos: list[Planned], parts: Parts) -> None:
+        """What users and the upload API do, at a steady rate; the fleet tended in between."""
+        database, s3, proxy, fleet = parts.database, parts.s3, parts.proxy, parts.fleet
+        started = time.monotonic()
+        late: list[tuple[float, Planned]] = []
+        for index, planned in enumerate(photos):
+            while time.monotonic() < started + index / self.config.upload_rate:
+                fleet.tend()
+                self.register_late(late, database)
+                time.sleep(0.02)
+            if planned.kind == "unlucky" and self.config.chaos:
+                proxy.call("curse", keys=[planned.key])
+                planned.did("cursed: every GetObject of its original fails until the drain")
+            if planned.kind == "early_original":
+                self.put(s3, planned)
+                late.append((time.monotonic() + self.rng.uniform(0.2, 1.5), planned))
+                continue
+            register(database, planned)
+            planned.did("registered")
+            if planned.data is not None:
+                self.put(s3, planned)
+            if index and index % 200 == 0:
+                self.say(f"uploaded {index}/{len(photos)}")
+        while late:
+            self.register_late(late, database, everything=True)
+
+    def register_late(
+        self, late: list[tuple[float, Planned]], database: Database, everything: bool = False
+    ) -> None:
+        for due, planned in list(late):
+            if everything or time.monotonic() >= due:
+                late.remove((due, planned))
+                register(database, planned)
+                planned.did("registered, after its original")
+
+    def put(self, s3: Any, planned: Planned) -> None:
+        assert planned.data is not None
+        uploads.put_original(s3, self.bucket, planned.key, planned.data)
+        planned.uploaded_at = planned.uploaded_at or time.time()
+        planned.did("original uploaded")
+
+    def agitate(self, photos: list[Planned], parts: Parts) -> None:
+        """Database faults, outages, duplicates and malformed messages, at seeded moments."""
+        database, proxy, sqs, queues = parts.database, parts.proxy, parts.sqs, parts.queues
+        rng = random.Random(self.rng.getrandbits(64))
+        expected = len(photos) / self.config.upload_rate
+        now = time.monotonic()
+        due = {
+            "terminate": now + rng.uniform(2, 6),
+            "outage": now + rng.uniform(4, 10),
+            "duplicate": now + rng.uniform(0, self.config.duplicate_every),
+            "target": now,
+            # Early: a malformed message that is retried instead of acknowledged takes five
+            # visibility timeouts to reach the dead-letter queue.
+            "malformed": now + rng.uniform(0, expected / 4),
+            "restart": now + expected * rng.uniform(0.35, 0.65)
+            if self.config.restart_postgres and database.data_dir is not None
+            else float("inf"),
+        }
+        malformed = list(MALFORMED)
+        rng.shuffle(malformed)
+        while not self.stop_chaos.wait(0.05):
+            now = time.monotonic()
+            uploaded = [p for p in photos if p.uploaded_at is not None]
+            if now >= due["terminate"]:
+                everyone = rng.random() < 0.3
+                database.terminate(rng, everyone)
+                self.tally.database["terminated_all" if everyone else "terminated_one"] += 1
+                due["terminate"] = now + rng.uniform(2, 6)
+            if now >= due["restart"]:
+                self.say("database: restarting PostgreSQL (immediate)")
+                seconds = database.restart()
+                self.tally.database["restarted"] += 1
+                self.say(f"database: back after {seconds:.1f}s")
+                due["restart"] = float("inf")
+            if now >= due["outage"]:
+                service, operation = rng.choice(
+                    [
+                        ("s3", None),
+                        ("sqs", None),
+                        ("sqs", "SendMessage(dlq)"),
+                        ("s3", "PutObject"),
+                        ("sqs", "ChangeMessageVisibility"),
+                    ]
+                )
+                kind = rng.choice(["error_500", "error_503", "drop_request", "drop_response"])
+                seconds = rng.uniform(1.5, 4.0)
+                proxy.call("outage", service=service, kind=kind, seconds=seconds, operation=operation)
+                self.tally.outages[f"{service}:{operation or '*'}:{kind}"] += 1
+                due["outage"] = now + rng.uniform(6, 14)
+            if now >= due["duplicate"] and uploaded:
+                self.duplicate(rng.choice(uploaded), rng, sqs, queues)
+                due["duplicate"] = now + rng.uniform(0.5, 1.5) * self.config.duplicate_every
+            if now >= due["malformed"] and malformed:
+                name = malformed.pop()
+                sqs.send_message(QueueUrl=queues.url, MessageBody=MALFORMED[name])
+                self.tally.malformed.append(name)
+                due["malformed"] = now + rng.uniform(0, expected / 8)
+            if now >= due["target"]:
+                self.target_last_attempts(photos, parts, rng)
+                due["target"] = now + 0.5
+
+    def target_last_attempts(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
+        """Half the unlucky photos: the dead-letter queue refuses sends through their last attempt.
+
+        Chance alone rarely lines an outage up with a final failure; this one aims at it, so that a
+        final failure whose dead letter cannot be sent is seen every run (SPEC 5, issue 11 item 2).
+        """
+        waiting = {p.photo_id: p for p in photos if p.kind == "unlucky" and not p.targeted}
+        if not waiting:
+            return
+        last = parts.settings.max_attempts - 1
+        with parts.database.engine.connect() as connection:
+            due = connection.scalars(
+                text(
+                    "SELECT photo_id FROM photo_jobs WHERE photo_id = ANY(:ids)"
+                    " AND status = 'pending' AND attempt = :last"
+                ),
+                {"ids": list(waiting), "last": last},
+            ).all()
+        for photo_id in due:
+            planned = waiting[photo_id]
+            planned.targeted = True
+            if rng.random() < 0.5:
+                seconds = parts.settings.backoff_seconds(last) + 8
+                parts.proxy.call(
+                    "outage", service="sqs", kind="error_500", seconds=seconds, operation="SendMessage(dlq)"
+                )
+                self.tally.outages["sqs:SendMessage(dlq):error_500 (aimed at a last attempt)"] += 1
+                planned.did(f"aimed: the dead-letter queue refuses sends for {seconds}s (its last attempt)")
+
+    def duplicate(self, planned: Planned, rng: random.Random, sqs: Any, queues: stack.Queues) -> None:
+        roll = rng.random()
+        if roll < 0.45:
+            sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
+            kind = "job_message"
+        elif roll < 0.8 and not stack.localstack():
+            # (LocalStack's own notifications carry a sequencer a copy cannot repeat: there a copy
+            # would read as a new upload, so its duplicates are job messages.)
+            body = notification(self.bucket, planned)
+            sqs.send_message(QueueUrl=queues.url, MessageBody=body)
+            kind = "s3_notification"
+        elif roll < 0.8:
+            sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
+            kind = "job_message"
+        else:
+            assert planned.data is not None
+            kind = "reupload, the same bytes"  # the same eTag: a redelivery, to the code
+            if planned.expected == "ready":
+                # Another picture under the same key (the user replaced it): a genuinely new upload,
+                # which may reopen a failed job.
+                planned.data = rng.choice([p for p in self.pool if p != planned.data])
+                kind = "reupload, a new picture"
+            s3, _ = stack.clients()
+            uploads.put_original(s3, self.bucket, planned.key, planned.data)
+        self.tally.duplicates[kind] += 1
+        planned.did(f"duplicate: {kind}")
+
+    def drain(self, parts: Parts) -> bool:
+        """Until every photo settled, no job is active or pending and the queue is empty (bounded)."""
+        database, sqs, queues, fleet = parts.database, parts.sqs, parts.queues, parts.fleet
+        deadline = time.monotonic() + self.config.drain_seconds
+        last = ""
+        while time.monotonic() < deadline:
+            fleet.tend()
+            state = retrying(lambda: soakcheck.progress(database.engine))
+            attributes = sqs.get_queue_attributes(
+                QueueUrl=queues.url,
+                AttributeNames=[
+                    "ApproximateNumberOfMessages",
+                    "ApproximateNumberOfMessagesNotVisible",
+                    "ApproximateNumberOfMessagesDelayed",
+                ],
+            )["Attributes"]
+            in_queue = sum(int(v) for v in attributes.values())
+            line = f"drain: {state} queue={in_queue}"
+            if line != last:
+                self.say(line)
+                last = line
+            if state["unsettled"] == 0 and state["open_jobs"] == 0 and in_queue == 0:
+                return True
+            time.sleep(1)
+        return False
+
+    def sample(self, database: Database) -> None:
+        while not self.stop_sampling.wait(0.25):
+            database.sample()
+
+
+def main() -> None:
+    report = Run(Config.from_env()).execute()
+    sys.exit(1 if report.violations else 0)
+
+
+if __name__ == "__main__":
+    main()
