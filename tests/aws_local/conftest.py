@@ -180,8 +180,10 @@ def queue_name(url: str) -> str:
 
 @pytest.fixture(scope="session")
 def local_resources(aws_local: str) -> None:
-    """What docker-compose.yml's `setup` makes, in this LocalStack: the bucket and the two queues."""
+    """What docker-compose.yml's `setup` makes, in this LocalStack: the bucket, the two queues and the
+    event bus."""
     s3, sqs = client("s3"), client("sqs")
+    client("events").create_event_bus(Name=LOCAL_ENV["EVENT_BUS_NAME"])
     s3.create_bucket(Bucket=LOCAL_ENV["PHOTO_BUCKET"])
     dead = sqs.create_queue(
         QueueName=queue_name(LOCAL_ENV["DEAD_LETTER_QUEUE_URL"]),

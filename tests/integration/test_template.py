@@ -1048,6 +1048,8 @@ def test_the_compose_file_serves_what_env_local_json_and_samconfig_name(stack: S
     assert f"--bucket {env['PHOTO_BUCKET']}" in script
     for url in (env["PROCESS_QUEUE_URL"], env["DEAD_LETTER_QUEUE_URL"]):
         assert f"--queue-name {url.rsplit('/', 1)[1]}" in script
+    assert f"events create-event-bus --name {env['EVENT_BUS_NAME']}" in script
+    assert "events" in services["localstack"]["environment"]["SERVICES"].split(",")
     attributes = json.loads(re.search(r"--attributes '(\{.*\})'", script).group(1))  # type: ignore[union-attr]
     assert int(attributes["VisibilityTimeout"]) == int(stack.properties("ProcessQueue")["VisibilityTimeout"])
     redrive = json.loads(attributes["RedrivePolicy"])
