@@ -89,19 +89,12 @@ class Deployed(Stack):
     def _read_attribute(self, name: str, attribute: str) -> str:
         physical = self.physical[name]
         kind = self.doc["Resources"][name]["Type"]
-        if kind == "AWS::SQS::Queue":
-            attributes = client("sqs").get_queue_attributes(QueueUrl=physical, AttributeNames=["QueueArn"])
-            arn = attributes["Attributes"]["QueueArn"]
-            return {"Arn": arn, "QueueName": arn.rsplit(":", 1)[1], "QueueUrl": physical}[attribute]
-        if kind == "AWS::S3::Bucket" and attribute == "Arn":
-            return f"arn:aws:s3:::{physical}"
-        if kind == "AWS::KMS::Key" and attribute == "Arn":
-            return str(client("kms").describe_key(KeyId=physical)["KeyMetadata"]["Arn"])
-        if kind == "AWS::IAM::Role" and attribute == "Arn":
-            return str(client("iam").get_role(RoleName=physical)["Role"]["Arn"])
-        if kind == "AWS::Events::Rule" and attribute == "Arn":
-            return str(client("events").describe_rule(Name=physical)["Arn"])
-        raise AssertionError(f"no reading of {name}.{attribute}")
+        if kind not in _READERS:
+            raise AssertionError(f"no reading of {name}.{attribute}")
+        attributes = _READERS[kind](physical)
+        if attribute not in attributes:
+            raise AssertionError(f"no reading of {name}.{attribute}")
+        return attributes[attribute]
 
     def _sub(self, name: str, variables: dict[str, Any]) -> str:
         if name in variables or "." not in name:
@@ -113,6 +106,35 @@ class Deployed(Stack):
         **Stack._FUNCTIONS,
         "Fn::GetAtt": lambda self, arg: self.attribute(arg[0], arg[1]),
     }
+
+
+def _queue(url: str) -> dict[str, str]:
+    arn = client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    return {"Arn": arn, "QueueName": arn.rsplit(":", 1)[1], "QueueUrl": url}
+
+
+def _log_group(name: str) -> dict[str, str]:
+    (group,) = client("logs").describe_log_groups(logGroupNamePrefix=name)["logGroups"]
+    return {"Arn": group["arn"]}
+
+
+def _bus(name: str) -> dict[str, str]:
+    bus = client("events").describe_event_bus(Name=name)
+    return {"Arn": bus["Arn"], "Name": bus["Name"]}
+
+
+# What LocalStack answers for each attribute the template reads with !GetAtt, by resource type.
+_READERS: dict[str, Callable[[str], dict[str, str]]] = {
+    "AWS::SQS::Queue": _queue,
+    "AWS::S3::Bucket": lambda name: {"Arn": f"arn:aws:s3:::{name}"},
+    "AWS::KMS::Key": lambda key: {"Arn": client("kms").describe_key(KeyId=key)["KeyMetadata"]["Arn"]},
+    "AWS::IAM::Role": lambda role: {"Arn": client("iam").get_role(RoleName=role)["Role"]["Arn"]},
+    "AWS::Events::Rule": lambda rule: {"Arn": client("events").describe_rule(Name=rule)["Arn"]},
+    "AWS::Events::EventBus": _bus,
+    "AWS::Logs::LogGroup": _log_group,
+}
 
 
 def sam_deploy(stack_name: str, parameters: dict[str, str], tmp_path: Path) -> float:
@@ -334,7 +356,15 @@ ALARM_FIELDS = (
 def test_the_alarms_watch_their_metrics_at_their_thresholds(deployed: Deployed) -> None:
     alarms = {a["AlarmName"]: a for a in client("cloudwatch").describe_alarms()["MetricAlarms"]}
     names = [n for n, r in deployed.resources().items() if r["Type"] == "AWS::CloudWatch::Alarm"]
-    assert len(names) == 5
+    assert set(names) == {
+        "DeadLetterAlarm",
+        "OldestMessageAlarm",
+        "ProcessErrorsAlarm",
+        "ProcessThrottlesAlarm",
+        "SweepErrorsAlarm",
+        "RelayErrorsAlarm",
+        "OutboxBehindAlarm",
+    }
     topic = deployed.ref_of("AlarmTopic")
     for name in names:
         wanted = deployed.properties(name)
@@ -382,27 +412,61 @@ def test_the_functions_runtime_settings_and_environment(deployed: Deployed) -> N
         )
 
 
-def test_the_sweep_runs_every_minute_and_is_not_retried(deployed: Deployed) -> None:
+@pytest.mark.parametrize("function", ["SweepFunction", "RelayFunction"])
+def test_the_scheduled_functions_run_every_minute_and_are_not_retried(
+    deployed: Deployed, function: str
+) -> None:
     events = client("events")
-    rule = events.describe_rule(Name=deployed.ref_of("SweepFunctionEveryMinute"))
-    wanted = deployed.function("SweepFunction")
+    rule = events.describe_rule(Name=deployed.ref_of(f"{function}EveryMinute"))
+    wanted = deployed.function(function)
     assert (
         rule["ScheduleExpression"]
         == wanted["Events"]["EveryMinute"]["Properties"]["Schedule"]
         == "rate(1 minute)"
     )
     assert rule["State"] == "ENABLED"
-    sweep = client("lambda").get_function_configuration(FunctionName=deployed.ref_of("SweepFunction"))
+    deployed_function = client("lambda").get_function_configuration(FunctionName=deployed.ref_of(function))
     (target,) = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
-    assert target["Arn"] == sweep["FunctionArn"]
-    config = client("lambda").get_function_event_invoke_config(FunctionName=sweep["FunctionName"])
+    assert target["Arn"] == deployed_function["FunctionArn"]
+    config = client("lambda").get_function_event_invoke_config(FunctionName=deployed_function["FunctionName"])
     assert config["MaximumRetryAttempts"] == wanted["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
     assert config["MaximumEventAgeInSeconds"] == wanted["EventInvokeConfig"]["MaximumEventAgeInSeconds"]
 
 
+def test_the_bus_of_the_outbox_keeps_an_archive_for_replays(deployed: Deployed) -> None:
+    events = client("events")
+    bus = events.describe_event_bus(Name=deployed.ref_of("EventBus"))
+    assert (
+        bus["Name"] == deployed.properties("EventBus")["Name"] == f"photo-publish-{deployed.params['Stage']}"
+    )
+    wanted = deployed.properties("EventArchive")
+    assert wanted["SourceArn"] == bus["Arn"]  # the template's archive reads the deployed bus
+    (resource,) = [
+        r
+        for r in client("cloudformation").list_stack_resources(StackName=deployed.stack_name)[
+            "StackResourceSummaries"
+        ]
+        if r["LogicalResourceId"] == "EventArchive"
+    ]
+    if "not supported" in resource.get("ResourceStatusReason", ""):
+        # LocalStack 2026.3 deploys AWS::Events::Archive as a placeholder (README: its limits); the
+        # day it makes one, the check below runs instead.
+        assert events.list_archives()["Archives"] == []
+    else:
+        archive = events.describe_archive(ArchiveName=wanted["ArchiveName"])
+        assert archive["EventSourceArn"] == bus["Arn"]
+        assert archive["RetentionDays"] == int(wanted["RetentionDays"])
+    # the functions hand their events to it, by name
+    for function in ("ProcessFunction", "RelayFunction"):
+        env = client("lambda").get_function_configuration(FunctionName=deployed.ref_of(function))[
+            "Environment"
+        ]
+        assert env["Variables"]["EVENT_BUS_NAME"] == bus["Name"]
+
+
 def test_the_roles_grant_exactly_the_template_statements(deployed: Deployed) -> None:
     iam = client("iam")
-    for name in ("ProcessRole", "SweepRole"):
+    for name in ("ProcessRole", "SweepRole", "RelayRole"):
         wanted = deployed.properties(name)
         role = deployed.ref_of(name)
         trust = iam.get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]
@@ -412,7 +476,7 @@ def test_the_roles_grant_exactly_the_template_statements(deployed: Deployed) -> 
         }
         assert attached == set(wanted["ManagedPolicyArns"])
         inline = iam.list_role_policies(RoleName=role)["PolicyNames"]
-        assert inline == [p["PolicyName"] for p in wanted["Policies"]]
+        assert sorted(inline) == sorted(p["PolicyName"] for p in wanted["Policies"])
         for policy in wanted["Policies"]:
             found = iam.get_role_policy(RoleName=role, PolicyName=policy["PolicyName"])["PolicyDocument"]
             assert normal_policy(found) == normal_policy(policy["PolicyDocument"]), name
