@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from uuid import UUID
@@ -39,14 +40,22 @@ class SqsQueue:
         self._client.change_message_visibility(
             QueueUrl=self._queue_url,
             ReceiptHandle=receipt_handle,
-            VisibilityTimeout=min(max(round(seconds), 0), MAX_VISIBILITY_SECONDS),
+            # Up, and never 0: a visibility rounded down to 0 makes the record visible at once to
+            # every poller, each receive burning a receive count towards the redrive (the soak saw a
+            # healthy photo dead-lettered that way).
+            VisibilityTimeout=min(max(math.ceil(seconds), 1), MAX_VISIBILITY_SECONDS),
         )
 
-    def depth(self) -> int:
-        """Messages waiting in the process queue (visible, so not yet worked on)."""
-        attributes = self._client.get_queue_attributes(
-            QueueUrl=self._queue_url, AttributeNames=["ApproximateNumberOfMessages"]
-        )["Attributes"]
+    def depth(self) -> int | None:
+        """Messages waiting in the process queue (visible, so not yet worked on); None if the queue
+        could not say."""
+        try:
+            attributes = self._client.get_queue_attributes(
+                QueueUrl=self._queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+            )["Attributes"]
+        except QUEUE_ERRORS as error:
+            logger.warning("queue depth unknown", reason=repr(error))
+            return None
         return int(attributes["ApproximateNumberOfMessages"])
 
     def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None:
@@ -57,7 +66,7 @@ class SqsQueue:
         self._client.send_message(
             QueueUrl=self._queue_url,
             MessageBody=body,
-            DelaySeconds=min(max(round(delay_seconds), 0), MAX_DELAY_SECONDS),
+            DelaySeconds=min(max(math.ceil(delay_seconds), 0), MAX_DELAY_SECONDS),
         )
 
     def send_jobs(self, photo_ids: Sequence[UUID], *, spread_seconds: float = 0) -> list[UUID]:
@@ -74,7 +83,7 @@ class SqsQueue:
                 {
                     "Id": str(i),
                     "MessageBody": job_body(p),
-                    "DelaySeconds": min(round((start + i) * step), MAX_DELAY_SECONDS),
+                    "DelaySeconds": min(math.ceil((start + i) * step), MAX_DELAY_SECONDS),
                 }
                 for i, p in enumerate(chunk)
             ]

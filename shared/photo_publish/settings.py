@@ -80,6 +80,9 @@ class Settings:
     retry_base_seconds: int = field(default=30, metadata=_between(0))
     stale_after_seconds: int = field(default=300, metadata=_between(0))
     sweep_after_seconds: int = field(default=600, metadata=_between(0))
+    # A queue holding this many visible messages is still delivering: the sweep re-sends no pending
+    # row meanwhile (their messages may be in it), only stale and owed work.
+    sweep_max_backlog: int = field(default=100, metadata=_between(1))
     max_input_pixels: int = field(default=100_000_000, metadata=_between(1))
     max_original_bytes: int = field(default=104_857_600, metadata=_between(1))
     # The render's bounds whatever the file's shape (SPEC 3; see RenderOptions, benchmarks/hostile.py).

@@ -26,7 +26,7 @@ from photo_publish.settings import Settings
 
 
 class SweepQueue(Protocol):
-    def depth(self) -> int: ...
+    def depth(self) -> int | None: ...
     def send_jobs(self, photo_ids: Sequence[UUID], *, spread_seconds: float = 0) -> list[UUID]: ...
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
@@ -41,6 +41,8 @@ class SweepSummary:
     backfill_sent: int = 0
     backfill_left: int = 0
     retired_deleted: int = 0
+    # The queue held a backlog: due pending rows were left to it.
+    backlog: bool = False
     batches: int = 0
     out_of_time: bool = False
 
@@ -54,6 +56,7 @@ class SweepSummary:
             "backfillSent": self.backfill_sent,
             "backfillLeft": self.backfill_left,
             "retiredDeleted": self.retired_deleted,
+            "backlog": self.backlog,
             "batches": self.batches,
             "outOfTime": self.out_of_time,
         }
@@ -82,11 +85,17 @@ class Sweeper:
     def run(self, remaining: Remaining = forever, *, reserve_seconds: float = 10.0) -> SweepSummary:
         """Sweep in bounded batches until nothing is due or the time budget is spent."""
         summary = SweepSummary()
+        # A backlog in the queue may still hold the pending rows' own messages, however long they
+        # have waited: the sweep leaves them to it (SPEC 7) rather than send every waiting photo
+        # again each SWEEP_AFTER_SECONDS. An unknown depth is no reason to leave lost work lost.
+        depth = self._queue.depth()
+        backlog = depth is not None and depth >= self._settings.sweep_max_backlog
+        summary.backlog = bool(backlog)
         while True:
             if remaining() < reserve_seconds:
                 summary.out_of_time = True
                 break
-            pending = self._take_due_pending()
+            pending = [] if backlog else self._take_due_pending()
             stale, lost = self._take_stale_active()
             owed = self._take_owed_dead_letters()
             # Every send below is answered, never raised: one refused send must not keep the rest
@@ -103,12 +112,12 @@ class Sweeper:
                 break
         # The backfill and the tidying come after the lost work, and only with time to spare.
         if remaining() >= reserve_seconds:
-            summary.backfill_sent = self._drive_backfill()
+            summary.backfill_sent = self._drive_backfill(depth)
             summary.backfill_left = self._backfill_left()
             summary.retired_deleted = self._delete_retired()
         return summary
 
-    def _drive_backfill(self) -> int:
+    def _drive_backfill(self, depth: int | None) -> int:
         """Send a bounded number of a backfill's marked photos, only while the process queue is short.
 
         A marked job (a published photo's, `rerender_to` set) becomes an ordinary pending job,
@@ -116,8 +125,7 @@ class Sweeper:
         upload. New uploads wait behind BACKFILL_MAX_QUEUE_DEPTH messages at most.
         """
         settings = self._settings
-        depth = self._queue.depth()
-        if depth >= settings.backfill_max_queue_depth:
+        if depth is None or depth >= settings.backfill_max_queue_depth:
             logger.info("backfill waits for a shorter queue", depth=depth)
             return 0
         now = func.now()

@@ -217,6 +217,21 @@ def test_a_row_locked_by_a_stuck_transaction_is_a_transient_failure_not_a_hang(
     poll_until(fast, published(db, shot.photo_id))
 
 
+def test_a_sub_second_retry_is_a_whole_second_of_visibility_never_zero(infra: Infra) -> None:
+    # GIVEN a received message whose job becomes claimable in a fraction of a second
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(uuid.uuid4())}))
+    (message,) = infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=2)["Messages"]
+
+    # WHEN it is returned to the queue for 0.2 s
+    bootstrap.queue().retry_later(message["ReceiptHandle"], 0.2)
+
+    # THEN it is not visible again at once (a visibility of 0 would spin it through every poller,
+    # each receive burning a receive count towards the redrive), and is after a second
+    assert infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=0).get("Messages", []) == []
+    time.sleep(1.1)
+    assert len(infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=1)["Messages"]) == 1
+
+
 def test_a_crash_after_the_commit_redelivers_and_answers_already(infra: Infra, db: Engine) -> None:
     # GIVEN a published photo whose message was never deleted (the run died after the commit)
     shot = upload(infra, db)

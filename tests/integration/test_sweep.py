@@ -247,6 +247,39 @@ def test_a_refused_dead_letter_neither_stops_the_run_nor_is_lost(infra: Infra, d
         assert c.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == lost[0])) is None
 
 
+def test_due_pending_rows_are_left_to_a_queue_with_a_backlog(infra: Infra, db: Engine) -> None:
+    # GIVEN rows pending for longer than SWEEP_AFTER_SECONDS, behind a backlog the queue is still
+    # delivering (their own messages may be in it)
+    infra.configure(sweep_max_backlog=3)
+    due = jobs(db, 2, created_at=ago(20 * MINUTE))
+    for _ in range(3):
+        infra.sqs.send_message(
+            QueueUrl=infra.queues.url, MessageBody=json.dumps({"photoId": str(uuid.uuid4())})
+        )
+
+    # WHEN the sweep runs
+    waiting = sweeper(infra).run()
+
+    # THEN it sends none of them (no second delivery path); once the backlog is gone, it does
+    assert (waiting.resent_pending, waiting.backlog) == (0, True)
+    assert len(sent(infra)) == 3  # the backlog's own messages, received and deleted here
+    later = sweeper(infra).run()
+    assert (later.resent_pending, later.backlog) == (2, False)
+    assert sent(infra) == Counter(dict.fromkeys(due, 1))
+
+
+def test_a_queue_that_cannot_say_its_depth_still_gets_the_lost_work(infra: Infra, db: Engine) -> None:
+    # GIVEN due rows, and SQS refusing GetQueueAttributes
+    due = jobs(db, 2, created_at=ago(20 * MINUTE))
+    with aws_fails(infra.sqs, "GetQueueAttributes"):
+        # WHEN the sweep runs
+        summary = sweeper(infra).run()
+
+    # THEN the lost work is sent all the same (the backfill, which can wait, is not)
+    assert summary.resent_pending == 2
+    assert sent(infra) == Counter(dict.fromkeys(due, 1))
+
+
 def test_a_photo_whose_message_was_lost_is_published_after_a_sweep(infra: Infra, db: Engine) -> None:
     # GIVEN an upload whose notification was lost, long enough ago for the sweep to look at it
     shot = uploads.upload(

@@ -250,6 +250,7 @@ SHARED_NUMBERS = {
     "RETRY_BASE_SECONDS": "retry_base_seconds",
     "STALE_AFTER_SECONDS": "stale_after_seconds",
     "SWEEP_AFTER_SECONDS": "sweep_after_seconds",
+    "SWEEP_MAX_BACKLOG": "sweep_max_backlog",
     "MAX_INPUT_PIXELS": "max_input_pixels",
     "MAX_ORIGINAL_BYTES": "max_original_bytes",
     "MAX_INPUT_DIMENSION": "max_input_dimension",
