@@ -44,6 +44,8 @@ class PhotoRow:
     album_id: UUID
     original_key: str
     processing_state: str
+    # The job's last worker died holding it: its claim is stale, or the sweep took it back.
+    worker_lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +113,24 @@ class PhotoRepository:
                 ErrorCode.DATABASE_UNAVAILABLE, type(getattr(error, "orig", error)).__name__
             ) from error
 
-    def get_photo(self, photo_id: UUID) -> PhotoRow | None:
+    def get_photo(self, photo_id: UUID, *, stale_after: int) -> PhotoRow | None:
+        worker_lost = or_(
+            and_(
+                PhotoJob.status == "active", PhotoJob.claimed_at < func.now() - timedelta(seconds=stale_after)
+            ),
+            and_(PhotoJob.status == "pending", PhotoJob.last_error_code == ErrorCode.WORKER_LOST.value),
+        )
         with self._transaction() as session:
             row = session.execute(
-                select(Photo.id, Photo.album_id, Photo.original_key, Photo.processing_state).where(
-                    Photo.id == photo_id
+                select(
+                    Photo.id,
+                    Photo.album_id,
+                    Photo.original_key,
+                    Photo.processing_state,
+                    func.coalesce(worker_lost, false()),
                 )
+                .outerjoin(PhotoJob, PhotoJob.photo_id == Photo.id)
+                .where(Photo.id == photo_id)
             ).one_or_none()
         return None if row is None else PhotoRow(*row)
 
