@@ -166,17 +166,27 @@ def _reset_peak() -> None:
 # The resident memory of a fresh process that has imported the pipeline: what a render's own use is
 # added to, for the bound (benchmarks/hostile.py measures each input from there, in a fresh process).
 _measured = {"imports_mb": 0.0}
+# The heaviest and the slowest input so far, kept in a file the run reads when the process ends
+# (libFuzzer ends it with exit(): no Python code runs then).
+EXTREMES = FUZZ / "extremes"
 
 
 def _one_input(data: bytes) -> None:
     before = _resident_mb()
     _reset_peak()
-    check(data)
+    started = time.monotonic()
+    outcome = check(data)
+    seconds = time.monotonic() - started
     peak = _measured["imports_mb"] + peak_mb() - before
     if peak > PEAK_MB:
         raise Finding(
             f"peak resident memory {peak:.0f} MB ({peak_mb() - before:.0f} MB over the imports), over {PEAK_MB} MB"
         )
+    for kind, value in (("peak_mb", peak), ("seconds", seconds)):
+        if value > _measured.get(kind, 0.0):
+            _measured[kind] = value
+            path = EXTREMES / f"{os.getpid()}-{kind}.json"
+            path.write_text(json.dumps({kind: round(value, 3), "outcome": outcome, "bytes": len(data)}))
 
 
 def target(argv: list[str]) -> None:
@@ -214,7 +224,10 @@ class Stats:
     ft: int = 0
     corpus_files: int = 0
     corpus_bytes: int = 0
-    peak_rss_mb: int = 0
+    # The heaviest input (its peak in a fresh process: the imports and what it added) and the
+    # slowest render, each with its outcome and size.
+    heaviest: dict[str, Any] = field(default_factory=dict)
+    slowest: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     findings: list[dict[str, str]] = field(default_factory=list)
 
@@ -303,11 +316,8 @@ def _one_process(runs: int, log: io.TextIOBase, stats: Stats) -> tuple[int, str,
                 print(line.rstrip(), flush=True)
         elif written := _WRITTEN.search(line):
             saved = Path(written[1])
-        elif final := _FINAL.match(line):
-            if final[1] == "number_of_executed_units":
-                executions = max(executions, int(final[2]))
-            elif final[1] == "peak_rss_mb":
-                stats.peak_rss_mb = max(stats.peak_rss_mb, int(final[2]))
+        elif (final := _FINAL.match(line)) and final[1] == "number_of_executed_units":
+            executions = max(executions, int(final[2]))
     process.wait()
     return executions, "\n".join(tail), saved
 
@@ -336,8 +346,10 @@ def _out_of_the_corpus(finding: Path) -> None:
 
 
 def run() -> Stats:
-    for folder in (CORPUS, FINDINGS):
+    for folder in (CORPUS, FINDINGS, EXTREMES):
         folder.mkdir(parents=True, exist_ok=True)
+    for stale in EXTREMES.iterdir():
+        stale.unlink()
     print(
         f"fuzzing render() for {RUNS} executions (FUZZ_RUNS), seed {SEED} (FUZZ_SEED): "
         f"peak {PEAK_MB} MB (-rss_limit_mb={PEAK_MB + OVERHEAD_MB}), deadline {DEADLINE_SECONDS:g} s + {GRACE_SECONDS:g} s, "
@@ -369,12 +381,23 @@ def run() -> Stats:
                 break
             stats.restarts += 1
     stats.seconds = time.monotonic() - started
+    for path in EXTREMES.iterdir():
+        found = json.loads(path.read_text())
+        kind, record = ("heaviest", stats.heaviest) if "peak_mb" in found else ("slowest", stats.slowest)
+        key = "peak_mb" if kind == "heaviest" else "seconds"
+        if found[key] > record.get(key, -1):
+            record.clear()
+            record.update(found)
     (FUZZ / "summary.json").write_text(json.dumps(asdict(stats), indent=2))
+    heaviest, slowest = stats.heaviest, stats.slowest
     print(
         f"fuzz: {stats.executions} executions in {stats.seconds:.0f} s "
         f"({stats.executions / max(stats.seconds, 1e-9):.0f}/s), cov {stats.cov}, ft {stats.ft}, "
-        f"corpus {stats.corpus_files} files ({stats.corpus_bytes} bytes), peak RSS {stats.peak_rss_mb} MB, "
-        f"{len(stats.findings)} findings, {stats.restarts} restarts"
+        f"corpus {stats.corpus_files} files ({stats.corpus_bytes} bytes), "
+        f"{len(stats.findings)} findings, {stats.restarts} restarts\n"
+        f"  heaviest input: {heaviest.get('peak_mb', 0):.0f} MB with the imports "
+        f"({heaviest.get('bytes')} bytes, {heaviest.get('outcome')}); "
+        f"slowest: {slowest.get('seconds', 0):.2f} s ({slowest.get('bytes')} bytes, {slowest.get('outcome')})"
     )
     for finding in stats.findings:
         verdict = "NOT REPRODUCED in a fresh process" if "not reproduced" in finding else "reproduced"
