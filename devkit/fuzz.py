@@ -1,19 +1,21 @@
 """`make fuzz`: atheris (libFuzzer, coverage-guided) over the pipeline's render().
 
 Every input must end in rendered variants or a PhotoError with a code of the file's fault. Anything
-else is a finding: another exception, variants that break the contract (not WebP, over their
-size, larger than the picture), an interpreter crash (a libvips or libheif segfault or abort), a
-peak over the memory bound or a render past its deadline.
+else is a finding: another exception, variants that break the contract (not WebP, not their stated
+size, not the declared picture fitted to their bound), an interpreter crash (a libvips, libheif or
+pi-heif segfault or abort), a peak over the memory bound or a render past its deadline.
 
     python -m devkit.fuzz run          the fuzzer for FUZZ_RUNS executions, restarted after each
                                        finding (libFuzzer stops at one), then its figures
     python -m devkit.fuzz target ...   one libFuzzer process (what `run` starts); with file
                                        arguments instead of folders, it replays those inputs
-    python -m devkit.fuzz check FILE   one input through the oracle, in this process: its outcome
+                                       (-minimize_crash=1 minimises one)
+    python -m devkit.fuzz check FILE   one input through the oracle in this (fresh) process
 
-Memory: libFuzzer's -rss_limit_mb is the bound, and each input is also checked against the
-process' peak (getrusage), which catches a spike shorter than libFuzzer's one-second sampling. The
-process runs under an address-space cap as well, so that a bomb costs it, not the machine.
+Memory: each input's own peak, counted from a fresh process' imports (the process' peak is reset
+before each input), must stay under FUZZ_PEAK_MB; libFuzzer's -rss_limit_mb, that plus the
+fuzzer's own memory, stops one that never returns. The process runs under an address-space cap as
+well, so that a bomb costs it, not the machine.
 
 Time: render() runs with a short deadline (FUZZ_DEADLINE_SECONDS, RenderOptions'
 render_timeout_seconds); an input whose render returns later than the deadline plus
@@ -22,10 +24,12 @@ finding, and libFuzzer's -timeout, one second past that, catches a render that n
 
 Coverage is of the Python code only (photo_publish, instrumented by atheris): libvips, libheif and
 their codecs are prebuilt without coverage instrumentation, so libFuzzer's mutations explore them
-blind, guided by the Python branches (frames.py's walks, the header checks) and the seeds.
+blind, guided by the Python branches (the header checks, frames.py's walks, heic.py's boxes) and
+the seeds.
 
 Files: .local/fuzz/seeds (devkit/fuzzseeds.py), .local/fuzz/corpus (what libFuzzer keeps, grown
-run after run), .local/fuzz/findings (crash-, timeout-, oom- files), .local/fuzz/summary.json.
+run after run), .local/fuzz/findings (crash-, timeout-, oom- files), .local/fuzz/fuzz.log,
+.local/fuzz/summary.json. Findings worth keeping go to tests/images/fuzz, minimised.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = ROOT / ".local" / "fuzz"
 SEEDS, CORPUS, FINDINGS = FUZZ / "seeds", FUZZ / "corpus", FUZZ / "findings"
-REPRODUCERS = ROOT / "tests" / "images" / "fuzz"
 
 
 def _setting(name: str, default: float) -> float:
@@ -199,7 +202,9 @@ def target(argv: list[str]) -> None:
         import photo_publish.pipeline  # noqa: F401
 
     _measured["imports_mb"] = _resident_mb()
-    atheris.Setup([sys.argv[0], *argv], _one_input)
+    # libFuzzer runs its argv[0] through the shell for its own child processes (-minimize_crash,
+    # -fork): this process' own command.
+    atheris.Setup([f"{sys.executable} -m devkit.fuzz target", *argv], _one_input)
     atheris.Fuzz()
 
 
@@ -312,7 +317,7 @@ def _one_process(runs: int, log: io.TextIOBase, stats: Stats) -> tuple[int, str,
             executions = int(progress[1])
             stats.cov, stats.ft, stats.corpus_files = int(progress[2]), int(progress[3]), int(progress[4])
             stats.corpus_bytes = int(progress[5]) * _UNITS[progress[6]]
-            if line.split()[1] in ("NEW", "REDUCE", "pulse", "INITED", "DONE"):
+            if line.split()[1] in ("NEW", "pulse", "INITED", "DONE"):
                 print(line.rstrip(), flush=True)
         elif written := _WRITTEN.search(line):
             saved = Path(written[1])

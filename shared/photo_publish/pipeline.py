@@ -65,12 +65,14 @@ _SAMPLE_BYTES = {
 
 # Untrusted loaders (matload, magick, ...) are not for user uploads.
 pyvips.block_untrusted_set(True)
+# Every upload is a new image: the operation cache would only hold memory a warm container needs.
+pyvips.cache_set_max(0)
 
 
 def _error_text(pointer: object) -> str:
     """libvips' error text, as pyvips' own reader gives it, but lenient about bytes not UTF-8.
 
-    libvips quotes a file's bytes in its messages (an unknown HEIF box type, a PNG text key):
+    libvips quotes a file's bytes in its messages (the type of a HEIF property it does not know):
     pyvips decodes them strictly, and building its Error raised UnicodeDecodeError instead (found
     by the fuzzer), before libvips' error buffer was cleared, so every later error of the warm
     container raised it too.
@@ -81,8 +83,6 @@ def _error_text(pointer: object) -> str:
 
 
 pyvips.error._to_string = _error_text
-# Every upload is a new image: the operation cache would only hold memory a warm container needs.
-pyvips.cache_set_max(0)
 
 
 class Readable(Protocol):
@@ -356,8 +356,8 @@ def _hevc_browse(
 
     The picture must be the size its header declared: libheif lets a coded picture exceed the
     file's `ispe` by up to 64 pixels a side (a coding unit's padding), and pi-heif hands out the
-    larger one (found by the fuzzer: a 64 x 48 HEIC decoded at 64 x 64, its variants not the shape
-    recorded for the photo). libvips refuses such a picture from an AVIF; so does this.
+    larger one, or a smaller one where its header and its decoder disagree on a crop (found by the
+    fuzzer: a 64 x 48 HEIC decoded at 64 x 64, its variants not the shape recorded for the photo).
     """
     with heic.decoded(data, eight_bit=eight_bit) as picture:
         decoded = (picture.width, picture.height)
