@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 CRASHER = ROOT / "tests" / "images" / "fuzz" / "heic-exif-item-type-not-utf8.heic"
 NEIGHBOURS = 7
 # Lambda's timeout < STALE_AFTER_SECONDS < the queue's visibility (SPEC 5), in seconds.
-FUNCTION_TIMEOUT, STALE_AFTER, VISIBILITY = 2.5, 3, 4
+FUNCTION_TIMEOUT, STALE_AFTER, VISIBILITY = 5, 6, 8
 
 
 def dead_letters(sqs: Any, url: str) -> list[dict[str, Any]]:
