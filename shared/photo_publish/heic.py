@@ -145,21 +145,23 @@ def check_names(data: bytes | bytearray) -> None:
 
 
 def check_canvas(data: bytes | bytearray) -> None:
-    """Refuse a HEIF whose primary image is composed on a canvas other than the size it declares.
+    """Refuse a HEIF with a grid or an overlay composed on a canvas other than the size it declares.
 
     A grid (or overlay) image says its size twice: in its `ispe` property, which libheif reports
     and the limits judge, and in its own descriptor, the canvas libheif allocates and decodes every
     tile onto, before it compares the two. A file that lies is refused by libheif only after that
     (found by the fuzzer, then measured: one tile repeated 900 times on a canvas of 15000 x 15000,
     declaring 128 x 128, held 448 MB for 10 s before libheif's DECODE_FAILED; declaring no size at
-    all, it rendered, at 1.1 GB). The same comparison here, on the boxes, costs microseconds.
+    all, it rendered, at 1.1 GB). The same comparison here, on the boxes, costs microseconds. Every
+    grid and overlay of the file is compared, not only the primary: an identity image (`iden`) may
+    show one.
     """
     with suppress(*_UNWALKABLE):
-        canvas, declared = _primary_canvas(data)
-        if canvas is not None and canvas != declared:
-            raise PhotoError(
-                ErrorCode.DECODE_FAILED, f"its primary image declares {declared}, its canvas is {canvas}"
-            )
+        for item, canvas, declared in _canvases(data):
+            if canvas != declared:
+                raise PhotoError(
+                    ErrorCode.DECODE_FAILED, f"item {item} declares {declared}, its canvas is {canvas}"
+                )
 
 
 def _boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
@@ -209,21 +211,19 @@ def _infes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[int,
         )
 
 
-def _primary_canvas(data: bytes | bytearray) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """The primary image's canvas (None unless it is a grid or an overlay) and its declared size."""
+def _canvases(data: bytes | bytearray) -> Iterator[tuple[int, tuple[int, int], tuple[int, int] | None]]:
+    """Each grid or overlay item: its id, its canvas and the size it declares (`ispe`, if any)."""
     boxes = _meta(data)
     if boxes is None:
-        return None, None
-    start, _ = boxes[b"pitm"]
-    primary = struct.unpack_from(">H" if data[start] == 0 else ">I", data, start + 4)[0]
-    kind = next((kind for item, kind, _ in _infes(data, *boxes[b"iinf"]) if item == primary), None)
-    descriptor = _item_data(data, boxes, primary) if kind in _DERIVED else None
-    if descriptor is None:
-        return None, None
-    # grid: version, flags, rows - 1, columns - 1; iovl: version, flags, four 16-bit fill values.
-    at = 4 if kind == b"grid" else 10
-    width, height = struct.unpack_from(">II" if descriptor[1] & 1 else ">HH", descriptor, at)
-    return (width, height), _ispe(data, boxes, primary)
+        return
+    for item, kind, _ in _infes(data, *boxes[b"iinf"]):
+        descriptor = _item_data(data, boxes, item) if kind in _DERIVED else None
+        if descriptor is None:
+            continue
+        # grid: version, flags, rows - 1, columns - 1; iovl: version, flags, four 16-bit fill values.
+        at = 4 if kind == b"grid" else 10
+        width, height = struct.unpack_from(">II" if descriptor[1] & 1 else ">HH", descriptor, at)
+        yield item, (width, height), _ispe(data, boxes, item)
 
 
 def _item_data(data: bytes | bytearray, boxes: dict[bytes, tuple[int, int]], item: int) -> bytes | None:
@@ -257,12 +257,16 @@ def _item_data(data: bytes | bytearray, boxes: dict[bytes, tuple[int, int]], ite
         if item_id != item:
             continue
         if method == 0:
-            source, shift = data, 0
+            first, last = 0, len(data)
         elif method == 1 and b"idat" in boxes:
-            source, shift = data, boxes[b"idat"][0]
+            first, last = boxes[b"idat"]
         else:
             return None
-        return b"".join(bytes(source[shift + o : shift + o + length]) for o, length in pieces)
+        # An extent of length 0 runs to the end of the file (or of the idat box).
+        return b"".join(
+            bytes(data[first + offset : first + offset + length if length else last])
+            for offset, length in pieces
+        )
     return None
 
 

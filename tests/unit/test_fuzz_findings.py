@@ -17,7 +17,7 @@ import pytest
 import pyvips
 
 from devkit import hostile, samples
-from photo_publish import frames
+from photo_publish import frames, heic
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.pipeline import RenderOptions, render
 from tests import capped
@@ -140,6 +140,26 @@ def test_a_grid_whose_canvas_is_not_its_declared_size_is_refused_before_decoding
     assert outcome.code == "DECODE_FAILED", outcome
     assert outcome.seconds < 1
     assert outcome.peak_mb < 150, outcome
+
+
+def test_every_grid_of_a_heif_is_compared_with_its_declared_size_not_only_the_primary(
+    tile: hostile.CodedPicture,
+) -> None:
+    # GIVEN a HEIC whose primary grid is honest, and whose second grid (a gain map, which an
+    # identity image could show as well) declares 512 x 512 on a canvas of 4096 x 3072
+    aux_size = (4096, 3072)
+    honest = hostile.heif(
+        hostile.Grid(tile, 2, 2, (1000, 1000)), auxiliary=(hostile.Grid(tile, 8, 6, aux_size),)
+    )
+    heic.check_canvas(honest)
+    lying = honest.replace(hostile._ispe(aux_size), hostile._ispe((512, 512)))
+
+    # WHEN its boxes are checked
+    with pytest.raises(PhotoError) as raised:
+        heic.check_canvas(lying)
+
+    # THEN it is refused
+    assert raised.value.code is ErrorCode.DECODE_FAILED
 
 
 def test_an_avif_grid_whose_canvas_is_not_its_declared_size_is_refused_before_libvips_decodes_it() -> None:
