@@ -7,7 +7,7 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak build clean
+.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak fuzz fuzz-replay build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
@@ -19,6 +19,8 @@ help:
 	@echo "               (installs sharp and vipsthumbnail where missing; BENCH_ROUNDS=1 BENCH_RENDERS=200: quicker)"
 	@echo "make soak      2,000 photos under chaos (killed workers, database/S3/SQS faults) and the"
 	@echo "               state machines at scale (SOAK_SEED=<n> replays a run's schedule)"
+	@echo "make fuzz      atheris over the pipeline's render() for FUZZ_RUNS executions (100000): figures, findings"
+	@echo "make fuzz-replay FILE=...  one input through the fuzzer's oracle, in a fresh process"
 	@echo "make build     sam build"
 	@echo "make tools     sam, cfn-lint and checkov in .venv-tools (test and build use them)"
 
@@ -144,10 +146,30 @@ soak: venv
 	tests/integration/test_state_machine.py \
 	|| failed="$$failed state-machines"; \
 	test -z "$$failed" || { echo "FAILED:$$failed"; exit 1; }
+# The fuzzer (devkit/fuzz.py) in its own environment: atheris' wheels are for CPython 3.12 to 3.14
+# (atheris 3.1) and 3.11 to 3.13 (3.0), x86_64: the Lambda runtime's 3.12 where there is one, else
+# $(PYTHON). The seeds are written by .venv (pillow-heif makes the HEIC ones); the corpus, findings and
+# log stay in .local/fuzz. FUZZ_RUNS, FUZZ_SEED, FUZZ_DEADLINE_SECONDS, FUZZ_PEAK_MB: see devkit/fuzz.py.
+FUZZ_VENV := .venv-fuzz
+FUZZ_PYTHON = $(if $(PY312_BIN),$(PY312_BIN)/python3.12,$(PYTHON))
+
+$(FUZZ_VENV)/.installed: requirements.txt
+	$(FUZZ_PYTHON) -m venv $(FUZZ_VENV)
+	$(FUZZ_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FUZZ_VENV)/bin/python -m pip install --quiet -r requirements.txt "atheris>=3.0,<4"
+	touch $@
+
+fuzz: venv $(FUZZ_VENV)/.installed
+	$(BIN)/python -m devkit.fuzzseeds .local/fuzz/seeds
+	$(FUZZ_VENV)/bin/python -m devkit.fuzz run
+
+fuzz-replay: $(FUZZ_VENV)/.installed
+	@test -n "$(FILE)" || (echo "make fuzz-replay FILE=tests/images/fuzz/<file>" && exit 2)
+	VIPS_WARNING=0 $(FUZZ_VENV)/bin/python -m devkit.fuzz check $(FILE)
 
 build: tools
 	@test -n "$(PY312_BIN)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 2; }
 	PATH="$(PY312_BIN):$$PATH" SAM_CLI_TELEMETRY=0 $(TOOLS)/bin/sam build
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(BENCH312) .aws-sam .local demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(BENCH312) $(FUZZ_VENV) .aws-sam .local demo-output .pytest_cache .mypy_cache .ruff_cache

@@ -35,6 +35,9 @@ with open(sys.argv[1], "rb") as stream:
         result = {"code": str(error.code), "detail": error.detail}
     result["bytes_read"] = stream.tell()
 result["seconds"] = time.monotonic() - started
+# VmHWM, not getrusage: Linux carries the parent's peak across fork and exec into ru_maxrss.
+status = open("/proc/self/status").read()
+result["peak_mb"] = int(status.split("VmHWM:")[1].split()[0]) / 1024
 print(json.dumps(result))
 """
 
@@ -47,6 +50,7 @@ class Outcome:
     bytes_read: int
     seconds: float
     detail: str = ""
+    peak_mb: float = 0.0  # the child's peak resident memory, the interpreter and imports included
 
 
 def render(
@@ -90,4 +94,5 @@ def render(
         bytes_read=values["bytes_read"],
         seconds=values["seconds"],
         detail=values.get("detail", ""),
+        peak_mb=values["peak_mb"],
     )

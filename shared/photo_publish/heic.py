@@ -7,8 +7,9 @@ a copy; from there the photo goes through the same pipeline as any other.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import pyvips
@@ -47,12 +48,20 @@ def header(data: bytes | bytearray) -> Declared:
 
     try:
         heif = pi_heif.open_heif(data, convert_hdr_to_8bit=False)
+        _has_an_image(heif)
         width, height = heif.size
         mode = str(heif.mode)
     except _DECODE_ERRORS as error:
         raise PhotoError(ErrorCode.DECODE_FAILED, repr(error)) from None
     channels, _, depth = mode.partition(";")
     return Declared(width, height, len(channels), 2 if depth else 1)
+
+
+def _has_an_image(heif: object) -> None:
+    # A file whose every image libheif refused opens as an empty HeifFile, whose properties raise
+    # IndexError (found by the fuzzer: the pipeline took it for an unexpected error, and retried).
+    if not len(heif):  # type: ignore[arg-type]
+        raise ValueError("no image libheif can read")
 
 
 @contextmanager
@@ -79,6 +88,7 @@ def decoded(data: bytes | bytearray, *, eight_bit: bool = False) -> Iterator[pyv
 
     try:
         heif = pi_heif.open_heif(data, convert_hdr_to_8bit=eight_bit)
+        _has_an_image(heif)
         pixels = heif.data  # decodes the primary image, and only it
         width, height = heif.size
         mode = str(heif.mode)
@@ -106,3 +116,180 @@ def decoded(data: bytes | bytearray, *, eight_bit: bool = False) -> Iterator[pyv
     # upright by the file's `irot`/`imir`, and the EXIF Orientation Apple also writes describes that
     # same turn. With no orientation on the image, libvips cannot apply it a second time.
     yield image  # `heif`, which owns the pixels, lives on until the block ends
+
+
+# --- what a HEIF's boxes say, checked before libheif reads them -----------------------------------
+
+# Derived images that libheif composes on a canvas of their own: a grid of tiles, an overlay.
+_DERIVED = frozenset({b"grid", b"iovl"})
+# A file whose boxes cannot be walked is left to libheif, which refuses it.
+_UNWALKABLE = (IndexError, KeyError, struct.error)
+
+
+def check_names(data: bytes | bytearray) -> None:
+    """Refuse a HEIF whose item types and names are not UTF-8, before pi-heif reads them.
+
+    pi-heif hands a metadata item's type and content type to Python unchecked: one that is not
+    UTF-8 crashes the interpreter (found by the fuzzer: a segfault in pi-heif's metadata getter
+    for an EXIF item typed b"\\xe1xif", one flipped byte of a phone's HEIC). The standard has them
+    UTF-8; a file that breaks it is refused (DECODE_FAILED).
+    """
+    with suppress(*_UNWALKABLE):
+        meta = _meta(data)
+        for _, item_type, names in _infes(data, *meta[b"iinf"]) if meta else ():
+            for text in (item_type.partition(b"\0")[0], *names.split(b"\0")):
+                try:
+                    text.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise PhotoError(ErrorCode.DECODE_FAILED, f"an item is named {text!r}") from None
+
+
+def check_canvas(data: bytes | bytearray) -> None:
+    """Refuse a HEIF with a grid or an overlay composed on a canvas other than the size it declares.
+
+    A grid (or overlay) image says its size twice: in its `ispe` property, which libheif reports
+    and the limits judge, and in its own descriptor, the canvas libheif allocates and decodes every
+    tile onto, before it compares the two. A file that lies is refused by libheif only after that
+    (found by the fuzzer, then measured: one tile repeated 900 times on a canvas of 15000 x 15000,
+    declaring 128 x 128, held 448 MB for 10 s before libheif's DECODE_FAILED; declaring no size at
+    all, it rendered, at 1.1 GB). The same comparison here, on the boxes, costs microseconds. Every
+    grid and overlay of the file is compared, not only the primary: an identity image (`iden`) may
+    show one.
+    """
+    with suppress(*_UNWALKABLE):
+        for item, canvas, declared in _canvases(data):
+            if canvas != declared:
+                raise PhotoError(
+                    ErrorCode.DECODE_FAILED, f"item {item} declares {declared}, its canvas is {canvas}"
+                )
+
+
+def _boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(type, payload start, payload end) of the boxes in data[start:end]; stops at a broken one."""
+    while start + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, start)
+        header = 8
+        if size == 1:
+            size, header = struct.unpack_from(">Q", data, start + 8)[0], 16
+        elif size == 0:
+            size = end - start
+        if size < header or start + size > end:
+            return
+        yield kind, start + header, start + size
+        start += size
+
+
+def _children(data: bytes | bytearray, start: int, end: int) -> dict[bytes, tuple[int, int]]:
+    found: dict[bytes, tuple[int, int]] = {}
+    for kind, s, e in _boxes(data, start, end):
+        found.setdefault(kind, (s, e))
+    return found
+
+
+def _meta(data: bytes | bytearray) -> dict[bytes, tuple[int, int]] | None:
+    """The boxes in the file's `meta` box (a full box: version and flags first)."""
+    meta = _children(data, 0, len(data)).get(b"meta")
+    return None if meta is None else _children(data, meta[0] + 4, meta[1])
+
+
+def _infes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[int, bytes, bytes]]:
+    """Each item's id, type and the bytes of its names (NUL-terminated), from the `iinf` box."""
+    first = start + 4 + (2 if data[start] == 0 else 4)
+    for kind, s, e in _boxes(data, first, end):
+        if kind != b"infe":
+            continue
+        version = data[s]
+        if version < 2:  # id, protection index, then names: no type
+            yield struct.unpack_from(">H", data, s + 4)[0], b"", bytes(data[s + 8 : e])
+            continue
+        wide = version >= 3
+        at = s + (10 if wide else 8)
+        yield (
+            struct.unpack_from(">I" if wide else ">H", data, s + 4)[0],
+            bytes(data[at : at + 4]),
+            bytes(data[at + 4 : e]),
+        )
+
+
+def _canvases(data: bytes | bytearray) -> Iterator[tuple[int, tuple[int, int], tuple[int, int] | None]]:
+    """Each grid or overlay item: its id, its canvas and the size it declares (`ispe`, if any)."""
+    boxes = _meta(data)
+    if boxes is None:
+        return
+    for item, kind, _ in _infes(data, *boxes[b"iinf"]):
+        descriptor = _item_data(data, boxes, item) if kind in _DERIVED else None
+        if descriptor is None:
+            continue
+        # grid: version, flags, rows - 1, columns - 1; iovl: version, flags, four 16-bit fill values.
+        at = 4 if kind == b"grid" else 10
+        width, height = struct.unpack_from(">II" if descriptor[1] & 1 else ">HH", descriptor, at)
+        yield item, (width, height), _ispe(data, boxes, item)
+
+
+def _item_data(data: bytes | bytearray, boxes: dict[bytes, tuple[int, int]], item: int) -> bytes | None:
+    """An item's bytes, from the file (construction method 0) or the meta box's idat (1)."""
+    start, end = boxes[b"iloc"]
+    version = data[start]
+    sizes = data[start + 4] << 8 | data[start + 5]
+    offset_size, length_size, base_size = sizes >> 12, (sizes >> 8) & 15, (sizes >> 4) & 15
+    index_size = sizes & 15 if version in (1, 2) else 0
+    at = start + 6
+
+    def number(size: int) -> int:
+        nonlocal at
+        if at + size > end:  # a count that lies: the box ends first
+            raise IndexError("iloc")
+        value = int.from_bytes(data[at : at + size], "big")
+        at += size
+        return value
+
+    count = number(4 if version == 2 else 2)
+    for _ in range(count):
+        item_id = number(4 if version == 2 else 2)
+        method = number(2) & 15 if version in (1, 2) else 0
+        number(2)  # data reference index
+        base = number(base_size)
+        pieces = []
+        for _ in range(number(2)):
+            number(index_size)
+            offset, length = number(offset_size), number(length_size)
+            pieces.append((base + offset, length))
+        if item_id != item:
+            continue
+        if method == 0:
+            first, last = 0, len(data)
+        elif method == 1 and b"idat" in boxes:
+            first, last = boxes[b"idat"]
+        else:
+            return None
+        # An extent of length 0 runs to the end of the file (or of the idat box).
+        return b"".join(
+            bytes(data[first + offset : first + offset + length if length else last])
+            for offset, length in pieces
+        )
+    return None
+
+
+def _ispe(data: bytes | bytearray, boxes: dict[bytes, tuple[int, int]], item: int) -> tuple[int, int] | None:
+    """The item's `ispe` (image spatial extents), through the property associations of `iprp`."""
+    iprp = _children(data, *boxes[b"iprp"])
+    properties = list(_boxes(data, *iprp[b"ipco"]))
+    start, end = iprp[b"ipma"]
+    version, wide_index = data[start], data[start + 3] & 1
+    entries = struct.unpack_from(">I", data, start + 4)[0]
+    at = start + 8
+    for _ in range(entries):
+        if at >= end:  # a count that lies: the box ends first
+            break
+        item_id = struct.unpack_from(">I" if version >= 1 else ">H", data, at)[0]
+        at += 4 if version >= 1 else 2
+        count = data[at]
+        at += 1
+        for _ in range(count):
+            index = (struct.unpack_from(">H", data, at)[0] & 0x7FFF) if wide_index else data[at] & 0x7F
+            at += 2 if wide_index else 1
+            kind, s, _ = properties[index - 1] if 1 <= index <= len(properties) else (b"", 0, 0)
+            if item_id == item and kind == b"ispe":
+                width, height = struct.unpack_from(">II", data, s + 4)
+                return width, height
+    return None

@@ -69,6 +69,22 @@ pyvips.block_untrusted_set(True)
 pyvips.cache_set_max(0)
 
 
+def _error_text(pointer: object) -> str:
+    """libvips' error text, as pyvips' own reader gives it, but lenient about bytes not UTF-8.
+
+    libvips quotes a file's bytes in its messages (the type of a HEIF property it does not know):
+    pyvips decodes them strictly, and building its Error raised UnicodeDecodeError instead (found
+    by the fuzzer), before libvips' error buffer was cleared, so every later error of the warm
+    container raised it too.
+    """
+    if pointer == pyvips.ffi.NULL:
+        return "NULL"
+    return bytes(pyvips.ffi.string(pointer)).decode("utf-8", "replace")
+
+
+pyvips.error._to_string = _error_text
+
+
 class Readable(Protocol):
     def read(self, size: int, /) -> bytes: ...
 
@@ -233,21 +249,20 @@ class _Header:
 
     @classmethod
     def of(cls, image: pyvips.Image, loader: str) -> _Header:
-        fields = image.get_fields()
-        interlaced = "interlaced" in fields and bool(image.get("interlaced"))
+        interlaced = _has(image, "interlaced") and bool(image.get("interlaced"))
         width, height, bands = image.width, image.get_page_height(), image.bands
         sample_bytes = _SAMPLE_BYTES.get(str(image.format), 8)
         pixel_bytes: float = 0
         if loader == "jpegload_source" and interlaced:
             pixel_bytes = 2 * bands  # a progressive JPEG's DCT coefficients, kept until its last scan
-        elif loader == "gifload_source" or (loader == "webpload_source" and "delay" in fields):
+        elif loader == "gifload_source" or (loader == "webpload_source" and _has(image, "delay")):
             pixel_bytes = 4  # an animation's frame, composed on its whole canvas in RGBA
         elif loader == _HEIF:
             pixel_bytes = _heif_pixel_bytes(bands, sample_bytes)
         elif loader == "pngload_source" and interlaced:
             pixel_bytes = bands * sample_bytes
         buffer = int(width * height * pixel_bytes)
-        if loader == "tiffload_source" and "tile-height" in fields:
+        if loader == "tiffload_source" and _has(image, "tile-height"):
             # libvips holds about four rows of tiles while it shrinks (measured: 228 MB over the
             # imports for 512-pixel tiles of 32768-pixel 8-bit rows), and a tile may hold 100 MB.
             buffer = 4 * width * min(int(image.get("tile-height")), height) * bands * sample_bytes
@@ -256,6 +271,10 @@ class _Header:
     def check(self, options: RenderOptions) -> None:
         """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED)."""
         size = f"{self.width}x{self.height}"
+        if self.width < 1 or self.height < 1:
+            # Nothing to judge the file by: a HEIF grid with no size of its own decoded to whatever
+            # its tiles made (found by the fuzzer).
+            raise PhotoError(ErrorCode.DECODE_FAILED, f"{size}: the file declares no size")
         if self.width * self.height > options.max_input_pixels:
             raise _exceeded(f"{size} exceeds {options.max_input_pixels} pixels")
         if max(self.width, self.height) > options.max_input_dimension:
@@ -273,6 +292,12 @@ def _heif_pixel_bytes(bands: int, sample_bytes: int, out_sample_bytes: int | Non
     """What libheif holds a pixel of a HEIF in: its coded planes (4:2:0, as phones code them, 1.5
     samples a pixel) and the interleaved RGB(A) it converts them to, 8-bit or 16-bit."""
     return 1.5 * sample_bytes + bands * (out_sample_bytes or sample_bytes)
+
+
+def _has(image: pyvips.Image, field: str) -> bool:
+    # Asked by name, never by listing them all: get_fields() decodes every name as UTF-8, and a
+    # file names some of its own (a PNG's text keys are Latin-1: UnicodeDecodeError).
+    return bool(image.get_typeof(field))
 
 
 def _exceeded(detail: str) -> PhotoError:
@@ -293,7 +318,7 @@ def _loader(stream: _StreamSource) -> str:
 def _converts(image: pyvips.Image) -> bool:
     # Colour-manage only where there is something to convert: export_profile costs about a
     # quarter of the render even for a plain sRGB photo, for identical output.
-    return "icc-profile-data" in image.get_fields() or image.interpretation not in _PLAIN
+    return _has(image, "icc-profile-data") or image.interpretation not in _PLAIN
 
 
 def _fit(options: RenderOptions, convert: bool) -> dict[str, object]:
@@ -325,10 +350,21 @@ def _browse(
 
 
 def _hevc_browse(
-    data: bytearray, options: RenderOptions, eight_bit: bool, deadline: _Deadline
+    data: bytearray, header: _Header, options: RenderOptions, eight_bit: bool, deadline: _Deadline
 ) -> pyvips.Image:
-    """pi-heif decodes the whole picture (HEVC has no shrink-on-load); libvips shrinks it."""
+    """pi-heif decodes the whole picture (HEVC has no shrink-on-load); libvips shrinks it.
+
+    The picture must be the size its header declared: libheif lets a coded picture exceed the
+    file's `ispe` by up to 64 pixels a side (a coding unit's padding), and pi-heif hands out the
+    larger one, or a smaller one where its header and its decoder disagree on a crop (found by the
+    fuzzer: a 64 x 48 HEIC decoded at 64 x 64, its variants not the shape recorded for the photo).
+    """
     with heic.decoded(data, eight_bit=eight_bit) as picture:
+        decoded = (picture.width, picture.height)
+        if decoded != (header.width, header.height):
+            raise PhotoError(
+                ErrorCode.DECODE_FAILED, f"declared {header.width}x{header.height}, decoded {decoded}"
+            )
         deadline.check("after decoding")
         try:
             browse = picture.thumbnail_image(options.browse_size, **_fit(options, _converts(picture)))
@@ -346,7 +382,11 @@ def _heif_header(data: bytearray, source: pyvips.Source) -> tuple[pyvips.Image |
     gain map and mattes about 284. pi-heif's libheif allows its default of 1000: it reads what such a
     file declares, so that the limits judge it, and decodes it if it is HEVC (an AV1 one it cannot,
     and says so: DECODE_FAILED). Over 1000 items, both refuse (DECODE_FAILED); no phone comes near.
+
+    What it declares is judged by the limits; then, for a grid or an overlay, whether that is the
+    canvas it is decoded on (heic.check_canvas, in render()).
     """
+    heic.check_names(data)
     try:
         image = pyvips.Image.new_from_source(source, "", access="sequential")
     except pyvips.Error:
@@ -360,6 +400,35 @@ def _heif_header(data: bytearray, source: pyvips.Source) -> tuple[pyvips.Image |
         held = width * height * _heif_pixel_bytes(bands, sample_bytes)
         return None, _Header(width, height, bands, sample_bytes, int(held))
     return image, _Header.of(image, _HEIF)
+
+
+def _displayable(image: pyvips.Image) -> pyvips.Image:
+    """The browse as WebP and the placeholder take it: 8-bit sRGB or grey, with at most an alpha.
+
+    A file may carry samples beyond those (a TIFF's extra samples: a grey picture of 4 float bands
+    became 6 bands of sRGB, and the placeholder refused them; found by the fuzzer): they are dropped.
+    """
+    try:
+        if image.interpretation not in ("srgb", "b-w") or image.format != "uchar":
+            image = image.colourspace("srgb").cast("uchar")
+        if image.bands > 4:
+            image = image.extract_band(0, n=4)
+        return image.copy(interpretation="srgb" if image.bands >= 3 else "b-w")
+    except pyvips.Error as error:
+        # A space libvips has no route from to sRGB.
+        raise PhotoError(ErrorCode.DECODE_FAILED, f"{error.message} {error.detail}".strip()) from None
+
+
+def _read_header(
+    stream: _StreamSource, source: pyvips.Source, loader: str, data: bytearray
+) -> tuple[pyvips.Image | None, _Header]:
+    if loader == _HEIF:
+        return _heif_header(data, source)
+    try:
+        image = pyvips.Image.new_from_source(source, "", access="sequential")
+    except pyvips.Error as error:
+        raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
+    return image, _Header.of(image, loader)
 
 
 def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
@@ -382,23 +451,17 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
         stream.keep_nothing()
     deadline.check("after reading")
 
-    header_image: pyvips.Image | None
-    if loader == _HEIF:
-        header_image, header = _heif_header(data, source)
-    else:
-        try:
-            header_image = pyvips.Image.new_from_source(source, "", access="sequential")
-        except pyvips.Error as error:
-            raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
-        header = _Header.of(header_image, loader)
-    fields = set(header_image.get_fields()) if header_image is not None else set()
+    header_image, header = _read_header(stream, source, loader, data)
 
     # Routed by the coding libvips' header names, not by the file's brand: HEVC has no decoder in
     # the prebuilt libvips, everything else (AVIF's AV1 included) stays with libvips. A HEIF that
     # libvips could not read at all goes to pi-heif, which decodes HEVC or says why not.
     hevc = loader == _HEIF and (
         header_image is None
-        or (heic.COMPRESSION_FIELD in fields and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION)
+        or (
+            _has(header_image, heic.COMPRESSION_FIELD)
+            and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
+        )
     )
     # A deep (10 or 12-bit) HEVC picture over the decode buffer limit is decoded at 8 bits by libheif
     # where that fits: a phone's 48 MP HDR photo renders, a little darker (libheif truncates).
@@ -408,23 +471,24 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
         header = replace(header, buffer_bytes=int(held))
     # Bombs of every shape are refused on what the header declares, before any pixel is decoded.
     header.check(options)
+    if loader == _HEIF:
+        heic.check_canvas(data)
 
     width, height = header.width, header.height
     # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
     if (
         header_image is not None
-        and "orientation" in fields
+        and _has(header_image, "orientation")
         and header_image.get("orientation") in _TRANSPOSING
     ):
         width, height = height, width
 
     if hevc:
-        browse, loader = _hevc_browse(data, options, eight_bit, deadline), heic.DECODER
+        browse, loader = _hevc_browse(data, header, options, eight_bit, deadline), heic.DECODER
     else:
         assert header_image is not None  # only a HEIF goes without libvips' header, and to pi-heif
         browse = _browse(stream, source, options, _converts(header_image), deadline)
-    if browse.interpretation not in ("srgb", "b-w") or browse.format != "uchar":
-        browse = browse.colourspace("srgb").cast("uchar")
+    browse = _displayable(browse)
 
     try:
         thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")

@@ -65,6 +65,8 @@ class PhotoRow:
     # The recipe version of its published variants, and a backfill's mark on its job.
     variant_version: int | None = None
     rerender_to: int | None = None
+    # The job's last worker died holding it: its claim is stale, or the sweep took it back.
+    worker_lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,13 @@ class PhotoRepository:
         if refusal := mismatch(version, recorded.fingerprint, recorded.recipe, recipe):
             raise refusal
 
-    def get_photo(self, photo_id: UUID) -> PhotoRow | None:
+    def get_photo(self, photo_id: UUID, *, stale_after: int) -> PhotoRow | None:
+        worker_lost = or_(
+            and_(
+                PhotoJob.status == "active", PhotoJob.claimed_at < func.now() - timedelta(seconds=stale_after)
+            ),
+            and_(PhotoJob.status == "pending", PhotoJob.last_error_code == ErrorCode.WORKER_LOST.value),
+        )
         with self._transaction() as session:
             row = session.execute(
                 select(
@@ -158,6 +166,7 @@ class PhotoRepository:
                     Photo.processing_state,
                     Photo.variant_version,
                     PhotoJob.rerender_to,
+                    func.coalesce(worker_lost, false()),
                 )
                 .outerjoin(PhotoJob, PhotoJob.photo_id == Photo.id)
                 .where(Photo.id == photo_id)

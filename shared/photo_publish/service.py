@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
@@ -106,6 +109,46 @@ class EventHandOff(Protocol):
     def hand_off(self, photo_id: UUID) -> HandOff: ...
 
 
+class RenderGate:
+    """Records of a container work side by side, except one that must work alone.
+
+    `alone()` waits until no record is inside and lets none in until it leaves; records waiting to
+    go in alone go first.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._inside = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._inside -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            self._waiting_alone += 1
+            self._changed.wait_for(lambda: not self._alone and not self._inside)
+            self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
 class PhotoService:
     def __init__(
         self,
@@ -124,6 +167,7 @@ class PhotoService:
         self._settings = settings
         self._options = render_options(settings)
         self._events = events
+        self._gate = RenderGate()
         self._recipe_checked = False
 
     def ensure_recipe(self) -> None:
@@ -152,21 +196,25 @@ class PhotoService:
         photo = self._photo_to_render(request)
         if isinstance(photo, Result):
             return photo
-        attempt = self._claim(photo, request)
-        if isinstance(attempt, Result):
-            return attempt
-        logger.thread_safe_append_keys(attempt=attempt)
-        try:
-            return self._render_and_publish(photo, attempt, remaining, time.perf_counter() - started)
-        except PhotoError as error:
-            return self._failure(photo.id, attempt, error)
-        except Exception as error:
-            logger.exception("unexpected error")
-            return self._failure(photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error)))
+        # A photo whose last worker died may be what killed it (a decoder's crash ends the whole
+        # container): it is claimed and rendered alone, so that if it crashes again no neighbour of
+        # its batch dies holding an attempt of its own (tests/integration/test_worker_crash.py).
+        with self._gate.alone() if photo.worker_lost else self._gate.shared():
+            attempt = self._claim(photo, request)
+            if isinstance(attempt, Result):
+                return attempt
+            logger.thread_safe_append_keys(attempt=attempt)
+            try:
+                return self._render_and_publish(photo, attempt, remaining, time.perf_counter() - started)
+            except PhotoError as error:
+                return self._failure(photo.id, attempt, error)
+            except Exception as error:
+                logger.exception("unexpected error")
+                return self._failure(photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error)))
 
     def _photo_to_render(self, request: PhotoRequest) -> PhotoRow | Result:
         """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
-        photo = self._repository.get_photo(request.photo_id)
+        photo = self._repository.get_photo(request.photo_id, stale_after=self._settings.stale_after_seconds)
         if photo is None:
             if request.original is not None:
                 # The upload raced the API's insert of the photo row: it may exist soon.
