@@ -194,9 +194,9 @@ class Logs:
         self.unexpected: Counter[str] = Counter()
         self.engines: Counter[str] = Counter()
         self.sweeps: Counter[str] = Counter()
-        # photo id -> (attempt, code, invocation) of every failed attempt the workers logged, and the
+        # photo id -> (attempt, code, invocation, time) of every failed attempt the workers logged, and the
         # (photo id, invocation) pairs whose failure was not recorded or was fenced out.
-        self.failures: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+        self.failures: dict[str, list[tuple[int, str, str, float]]] = defaultdict(list)
         self.unrecorded: set[tuple[str, str]] = set()
         self.instant_retries: Counter[str] = Counter()
         for path in self.files:
@@ -239,7 +239,7 @@ class Logs:
             self.unexpected[f"unexpected error: {exception}"] += 1
         elif message == "attempt failed" and entry.get("photo_id") and entry.get("attempt"):
             self.failures[entry["photo_id"]].append(
-                (int(entry["attempt"]), str(entry.get("error_code")), invocation[1])
+                (int(entry["attempt"]), str(entry.get("error_code")), invocation[1], _epoch(entry))
             )
         elif message == "sweep finished":
             for name in ("resentPending", "resentStale", "workerLost", "deadLettersSent", "sendFailed"):
@@ -319,7 +319,7 @@ class Checker:
         else:
             self.violated(photo_id, "settled", f"photo still {row.processing_state}")
         self.orphans(photo_id, row)
-        self.letters_owed(photo_id)
+        self.letters_owed(photo_id, plan)
 
     def job(self, photo_id: str, row: Any) -> None:
         job = self.snap.jobs.get(photo_id)
@@ -407,28 +407,45 @@ class Checker:
             else:
                 self.explained(f"hostile ({plan.kind}), final failure {code} after chaos")
 
-    def letters_owed(self, photo_id: str) -> None:
-        """Every final failure a worker logged has its dead letter, even one a redelivery later
-        reopened (that reopening, issue 11 item 5, would otherwise hide a lost letter)."""
-        finals = [
-            (attempt, code)
-            for attempt, code, invocation in self.logs.failures.get(photo_id, [])
+    def letters_owed(self, photo_id: str, plan: Any) -> None:
+        """Each final failure a worker logged has a dead letter sent after it and before the next
+        one (a redelivery that reopens the job, issue 11 item 5, would otherwise hide a lost letter).
+
+        Folded, not lost: a genuinely new upload reopened the job while its letter was still owed,
+        and the letter of the final failure that followed stands for both (SPEC 5 forbids a failed
+        job whose letter was never sent; this one did not stay failed)."""
+        finals = sorted(
+            at
+            for attempt, code, invocation, at in self.logs.failures.get(photo_id, [])
             if attempt >= self.inputs.max_attempts
             and code in ErrorCode.__members__
             and not ErrorCode(code).permanent
             and (photo_id, invocation) not in self.logs.unrecorded
-        ]
-        letters = self.snap.letters.get(photo_id, [])
+        )
+        sent = [float(letter.get("sent", 0)) for letter in self.snap.letters.get(photo_id, [])]
+        uploads = [at for at, action in plan.actions if "a new picture" in action]
         already = any(
             v.photo_id == photo_id and v.rule == "final failure dead-lettered" for v in self.report.violations
         )
-        if len(letters) < len(finals) and not already:
-            self.violated(
-                photo_id,
-                "final failure dead-lettered",
-                f"{len(finals)} final failures logged ({finals}), {len(letters)} dead letters",
-                "issue 11 item 2",
-            )
+        for index, failed_at in enumerate(finals):
+            following = finals[index + 1] if index + 1 < len(finals) else float("inf")
+            # (A second of slack: the queue's SentTimestamp and the worker's clock are read apart.)
+            if any(failed_at - 1 <= at < following for at in sent):
+                continue
+            if following < float("inf") and any(at < following for at in uploads):
+                self.explained(
+                    "a final failure's owed letter folded into the next one's (a new upload reopened it)"
+                )
+                continue
+            if not already:
+                self.violated(
+                    photo_id,
+                    "final failure dead-lettered",
+                    f"the final failure logged at {_clock(failed_at)} has no dead letter sent after it"
+                    f" ({len(finals)} final failures, {len(sent)} letters)",
+                    "issue 11 item 2",
+                )
+            return
 
     def orphans(self, photo_id: str, row: Any) -> None:
         if row.processing_state == "ready" or not self.snap.objects.get(photo_id):
@@ -587,6 +604,15 @@ def histories(snap: Snapshot, logs: Logs, planned: dict[str, Any], photo_ids: se
         text += [f"    {line}" for line in found[-HISTORY_LINES:]]
         out[photo_id] = "\n".join(text)
     return out
+
+
+def _epoch(entry: dict[str, Any]) -> float:
+    """A function log line's time (Powertools: `2026-12-01 12:10:54,784+0000`)."""
+    stamp = str(entry.get("timestamp", ""))
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f%z").timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _clock(t: float) -> str:
