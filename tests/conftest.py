@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -36,8 +37,13 @@ def load_event(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with stack.database(tmp_path_factory.mktemp("pg"), name=f"photo_test_{os.getpid()}", keep=False) as url:
+def database_url() -> Iterator[str]:
+    # Not under pytest's basetemp: a later pytest session on the machine deletes all but the newest
+    # three of those, and with them a running server's data folder.
+    with (
+        tempfile.TemporaryDirectory(prefix="photo-publish-pg-") as data,
+        stack.database(Path(data), name=f"photo_test_{os.getpid()}", keep=False) as url,
+    ):
         stack.migrate(url)
         yield url
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -77,9 +78,13 @@ def client(service: str) -> Any:
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A migrated database on a TCP address on loopback, which the function containers reach."""
-    with postgres.server(tmp_path_factory.mktemp("postgres")) as server:
+def database_url() -> Iterator[str]:
+    """A migrated database on a TCP address on loopback, which the function containers reach (its
+    data outside pytest's basetemp, which a later pytest session on the machine may delete)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="photo-publish-aws-local-pg-") as data,
+        postgres.server(Path(data)) as server,
+    ):
         name = f"photo_aws_local_{os.getpid()}"
         admin = create_engine(sqlalchemy_url(server), isolation_level="AUTOCOMMIT")
         with admin.connect() as connection:

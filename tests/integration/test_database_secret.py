@@ -4,6 +4,7 @@ container, against a PostgreSQL of this test's own that checks passwords."""
 from __future__ import annotations
 
 import json
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +18,13 @@ from tests.conftest import Infra
 
 
 @pytest.fixture(scope="module")
-def password_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path]]:
+def password_server() -> Iterator[tuple[object, Path]]:
     """An embedded PostgreSQL whose role `rotating` logs in with a password (scram), on its socket."""
     import pgserver
 
-    data = tmp_path_factory.mktemp("pg-password")
+    # Outside pytest's basetemp, which a later pytest session on the machine may delete.
+    folder = tempfile.TemporaryDirectory(prefix="photo-publish-pg-password-")
+    data = Path(folder.name)
     server = pgserver.get_server(data, cleanup_mode="stop")
     server.psql("CREATE ROLE rotating LOGIN PASSWORD 'first';")
     hba = data / "pg_hba.conf"
@@ -29,6 +32,7 @@ def password_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     server.psql("SELECT pg_reload_conf();")
     yield server, data
     server.cleanup()
+    folder.cleanup()
 
 
 def test_a_rotated_password_is_read_again_and_new_connections_log_in(

@@ -10,6 +10,7 @@ violating photo's history; SOAK_SEED=<n> replays the same schedule.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,13 @@ SHORT = {"photos": 300, "kills": 20, "shape_bombs": 1, "drain_seconds": 150.0}
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_every_photo_ends_recorded_under_chaos(tmp_path: Path) -> None:
-    # GIVEN the short soak's schedule (SOAK_SEED replays a failed run's)
+def test_every_photo_ends_recorded_under_chaos() -> None:
+    # GIVEN the short soak's schedule (SOAK_SEED replays a failed run's), its logs and its own
+    # PostgreSQL in a folder outside pytest's basetemp (a later pytest session on the machine would
+    # delete it under the running server), kept for a post-mortem
     seed = {"SOAK_SEED": os.environ["SOAK_SEED"]} if os.environ.get("SOAK_SEED") else {}
-    config = Config.from_env(seed, output=tmp_path, **SHORT)
+    output = Path(tempfile.mkdtemp(prefix="photo-publish-soak-"))
+    config = Config.from_env(seed, output=output, **SHORT)
 
     # WHEN photos are uploaded while workers die, the database and the AWS endpoint fail, and
     # messages arrive twice
