@@ -810,6 +810,22 @@ def test_each_role_writes_logs_to_its_own_log_group_only(role: str, group: str, 
     assert ("NetworkInterfaces" in statements) == bool(subnets)
 
 
+def test_cloudwatch_may_use_the_key_only_for_this_stacks_alarms(stack: Stack) -> None:
+    # Without the source conditions any account's alarm could use the key through CloudWatch
+    # (the confused deputy).
+    policy = stack.properties("StackKey")["KeyPolicy"]
+    (alarms,) = [s for s in policy["Statement"] if s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}]
+    assert alarms["Condition"]["StringEquals"] == {"aws:SourceAccount": PSEUDO["AWS::AccountId"]}
+    source = alarms["Condition"]["ArnLike"]["aws:SourceArn"]
+    account = PSEUDO["AWS::AccountId"]
+    assert fnmatch.fnmatchcase(
+        f"arn:aws:cloudwatch:{PSEUDO['AWS::Region']}:{account}:alarm:photo-publish-dev-dlq", source
+    )
+    assert not fnmatch.fnmatchcase(
+        f"arn:aws:cloudwatch:{PSEUDO['AWS::Region']}:999999999999:alarm:photo-publish-dev-dlq", source
+    )
+
+
 # --- alarms and outputs ---------------------------------------------------------------------------
 
 
