@@ -72,7 +72,10 @@ from photo_publish.settings import Settings
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 # The functions' default unless told otherwise.
-RECORDS = int(os.environ.get("BENCH_RECORDS", Settings.__dataclass_fields__["record_concurrency"].default))
+RECORDS = int(
+    os.environ.get("BENCH_RECORDS")
+    or Settings(database_url="postgresql://bench", photo_bucket="bench", stage="bench").record_concurrency
+)
 CONCURRENCY = 2
 RESULTS = stack.ROOT / ".local" / "bench-results"
 SHARP = stack.ROOT / ".local" / "bench-node" / "node_modules" / "sharp"
