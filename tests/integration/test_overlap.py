@@ -17,6 +17,7 @@ from sqlalchemy import Engine, select
 
 from devkit import samples, uploads
 from devkit.faultproxy import AWS_LATENCY, latency_proxy
+from photo_publish import pipeline
 from photo_publish import service as service_module
 from photo_publish.errors import ErrorCode
 from photo_publish.events import PhotoRequest
@@ -154,7 +155,7 @@ def test_renders_stay_bounded_while_more_records_are_in_flight(
     # GIVEN four records in flight and two renders at once, each render held for 0.3 s
     settings = replace(infra.settings, record_concurrency=4, render_concurrency=2)
     lock, rendering, most, claimed_meanwhile = threading.Lock(), [0], [0], []
-    real_render = service_module.render
+    real_render = pipeline.render
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         with lock:
