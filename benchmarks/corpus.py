@@ -54,3 +54,21 @@ def photos() -> list[Path]:
         if not path.exists():
             path.write_bytes(bytes(make(pyvips.Image.new_from_file(str(source)).copy_memory())))
     return [source, *(CORPUS / name for name in made)]
+
+
+def small_photos() -> list[Path]:
+    """1 to 2 megapixel JPEGs made from the same photograph, with the large ones' traits (EXIF
+    orientation, a Display P3 profile): phones' shared and messaged sizes (issue 17)."""
+    source = _fetch_package_photo()
+    made = {
+        "Small-2MP.jpg": lambda im: im.resize(1900 / im.width).jpegsave_buffer(Q=92),
+        "Small-1.5MP-sideways.jpg": lambda im: samples.oriented_jpeg(im.resize(1640 / im.width), 6),
+        "Small-1.5MP-P3.jpg": lambda im: samples.profiled_jpeg(im.resize(1640 / im.width), "p3"),
+        "Small-1.2MP.jpg": lambda im: im.resize(1460 / im.width).jpegsave_buffer(Q=85),
+        "Small-1MP.jpg": lambda im: im.resize(1340 / im.width).jpegsave_buffer(Q=90),
+    }
+    for name, make in made.items():
+        path = CORPUS / name
+        if not path.exists():
+            path.write_bytes(bytes(make(pyvips.Image.new_from_file(str(source)).copy_memory())))
+    return [CORPUS / name for name in made]

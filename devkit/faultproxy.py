@@ -22,6 +22,14 @@ GET /__soak__/stats, POST /__soak__/quiet, POST /__soak__/outage {"service", "ki
 
 Run: python -m devkit.faultproxy --upstream http://127.0.0.1:PORT --seed N --log FILE
 (it prints its own URL on its first line of standard output).
+
+Latency (`--latency aws`, for benchmarks/delivery.py): loopback makes every call nearly free, AWS
+does not. Each answer leaves no earlier than its call's latency after the request arrived (the
+upstream's own time counts within it): S3 GetObject's first byte after 30 ms and its body at
+100 MB/s, PutObject after 50 ms (plus its body at 100 MB/s), other S3 calls 30 ms, SQS and
+EventBridge 10 ms. With a `tcp://HOST:PORT` upstream (PostgreSQL) the proxy relays bytes instead,
+each burst a client sends delayed by 1 ms: a round trip to a database in the same zone.
+Both listen on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -33,11 +41,14 @@ import random
 import re
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
@@ -71,6 +82,32 @@ UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # key, or a job message's body.
 PHOTO_IN_PATH = re.compile(rf"/(?:originals/albums/{UUID}|variants)/({UUID})/")
 PHOTO_IN_BODY = re.compile(rf'photoId\\*"\s*:\s*\\*"({UUID})')
+
+
+@dataclass(frozen=True)
+class Latency:
+    """What AWS's network and servers add to a call made from a function in the same region."""
+
+    # Seconds from the request's arrival to the answer's first byte, by "service:operation", else
+    # by service.
+    first_byte: Mapping[str, float]
+    # S3 bodies, both ways.
+    bytes_per_second: float
+    # Each burst of bytes a client sends to a TCP upstream (the database) waits this long.
+    tcp_seconds: float = 0.0
+
+    def seconds(self, service: str, operation: str) -> float:
+        return self.first_byte.get(f"{service}:{operation}", self.first_byte.get(service, 0.0))
+
+
+# Typical figures inside one region (S3's first byte tens of milliseconds, PUTs more; SQS's and
+# EventBridge's calls about 10 ms; an Aurora round trip within a zone about 1 ms).
+AWS_LATENCY = Latency(
+    first_byte={"s3:GetObject": 0.030, "s3:PutObject": 0.050, "s3": 0.030, "sqs": 0.010, "events": 0.010},
+    bytes_per_second=100e6,
+    tcp_seconds=0.001,
+)
+LATENCIES = {"aws": AWS_LATENCY}
 
 
 @dataclass
@@ -187,11 +224,19 @@ class ProxyServer(ThreadingHTTPServer):
     # Many worker threads keep connections open at once.
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], upstream: str, faults: Faults, log: TextIO) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        upstream: str,
+        faults: Faults,
+        log: TextIO,
+        latency: Latency | None = None,
+    ) -> None:
         super().__init__(address, ProxyHandler)
         parsed = urlsplit(upstream)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.faults = faults
+        self.latency = latency
         self.log = log
         self.log_lock = threading.Lock()
         self.local = threading.local()
@@ -237,10 +282,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._read_body()
+        arrived = time.monotonic()
         if self.path.startswith("/__soak__/"):
             self._control(body)
             return
         service, operation, key = classify(self.command, self.path, self.headers, body)
+        self._delay(arrived, service, operation, len(body))
         kind, delay = self.server.faults.decide(service, operation, key)
         if kind is not None:
             found = PHOTO_IN_PATH.search(self.path) or PHOTO_IN_BODY.search(body.decode("utf-8", "replace"))
@@ -268,6 +315,20 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self._drop(reset=True)
         else:
             self._answer(status, headers, payload)
+
+    def _delay(self, arrived: float, service: str, operation: str, size: int) -> None:
+        """When the answer may leave (`_due`) and the pace of its body (`_pace`, 0: at once)."""
+        self._due, self._pace = arrived, 0.0
+        latency = self.server.latency
+        if latency is None:
+            return
+        # The dice's classification counts EventBridge as S3 (the soak's rates rely on it); its
+        # latency is its own.
+        called = "events" if self.headers.get("X-Amz-Target", "").startswith("AWSEvents.") else service
+        self._due += latency.seconds(called, operation)
+        if called == "s3":
+            self._due += size / latency.bytes_per_second
+            self._pace = latency.bytes_per_second if operation == "GetObject" else 0.0
 
     def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -301,15 +362,31 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def _answer(
         self, status: int, headers: list[tuple[str, str]], payload: bytes, *, length: int | None = None
     ) -> None:
+        due = getattr(self, "_due", 0.0)
+        if (wait := due - time.monotonic()) > 0:
+            time.sleep(wait)
         self.send_response_only(status)
         for name, value in headers:
             self.send_header(name, value)
         if self.command != "HEAD":
             self.send_header("Content-Length", str(len(payload) if length is None else length))
         self.end_headers()
-        if self.command != "HEAD":
+        pace = getattr(self, "_pace", 0.0)
+        if self.command != "HEAD" and pace and status == 200:
+            self._paced(payload, pace)
+        elif self.command != "HEAD":
             self.wfile.write(payload)
         self.wfile.flush()
+
+    def _paced(self, payload: bytes, bytes_per_second: float) -> None:
+        """The body at `bytes_per_second`, in 64 KiB pieces."""
+        self.wfile.flush()
+        started = time.monotonic()
+        view = memoryview(payload)
+        for offset in range(0, len(view), 65536):
+            if (wait := started + offset / bytes_per_second - time.monotonic()) > 0:
+                time.sleep(wait)
+            self.wfile.write(view[offset : offset + 65536])
 
     def _drop(self, *, reset: bool | None = None) -> None:
         """Close the connection without (the rest of) an answer; sometimes as a reset (RST)."""
@@ -344,17 +421,147 @@ class ProxyControl:
         return answer
 
 
+class TcpDelayProxy:
+    """A TCP relay on loopback whose client-to-server bursts each wait `delay` seconds: a database's
+    round trip (one query's messages leave in one burst; the answers come back undelayed). The
+    upstream is ("host", port), or a Unix socket's path (the embedded PostgreSQL listens on one)."""
+
+    def __init__(self, upstream: tuple[str, int] | str, delay: float, port: int = 0) -> None:
+        self.upstream = upstream
+        self.delay = delay
+        self._listener = socket.create_server(("127.0.0.1", port))
+        self.port: int = self._listener.getsockname()[1]
+
+    def _connect(self) -> socket.socket:
+        if isinstance(self.upstream, str):
+            end = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            end.connect(self.upstream)
+            return end
+        end = socket.create_connection(self.upstream, timeout=10)
+        end.settimeout(None)
+        end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return end
+
+    def serve_forever(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                server = self._connect()
+            except OSError:
+                client.close()
+                continue
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pipe, args=(client, server, self.delay), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, 0.0), daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket, delay: float) -> None:
+        try:
+            while data := source.recv(262144):
+                if delay:
+                    time.sleep(delay)
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            # Either side gone: both directions end.
+            for end in (source, target):
+                with suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass(frozen=True)
+class RunningProxy:
+    url: str
+    pid: int
+
+
+def database_upstream(url: str) -> str:
+    """The tcp:// or unix:// address of a SQLAlchemy URL's PostgreSQL server."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    host = parsed.query.get("host") or parsed.host or "localhost"
+    host = host if isinstance(host, str) else host[0]
+    port = parsed.port or 5432
+    return f"unix://{host}/.s.PGSQL.{port}" if host.startswith("/") else f"tcp://{host}:{port}"
+
+
+def database_through(url: str, proxy: str) -> str:
+    """A SQLAlchemy URL's database, reached through the proxy at `proxy` (tcp://127.0.0.1:PORT)."""
+    from sqlalchemy.engine import make_url
+
+    parsed, address = make_url(url), urlsplit(proxy)
+    query = {name: value for name, value in parsed.query.items() if name != "host"}
+    return parsed.set(host=address.hostname, port=address.port, query=query).render_as_string(
+        hide_password=False
+    )
+
+
+@contextmanager
+def latency_proxy(upstream: str, latency: str = "aws") -> Iterator[RunningProxy]:
+    """A latency proxy in its own process in front of `upstream` (http:// or tcp://)."""
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "devkit.faultproxy", "--upstream", upstream, "--latency", latency],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        url = proxy.stdout.readline().strip()
+        if not url:
+            raise RuntimeError(f"the latency proxy for {upstream} did not start")
+        yield RunningProxy(url, proxy.pid)
+    finally:
+        proxy.terminate()
+        try:
+            proxy.wait(10)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--upstream", required=True)
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--log", required=True)
+    parser.add_argument(
+        "--upstream",
+        required=True,
+        help="http://HOST:PORT; with --latency also tcp://HOST:PORT or unix://PATH",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log", default="/dev/null")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--rates", default="", help="JSON {service: {kind: share}}, replacing the defaults")
+    parser.add_argument("--latency", choices=sorted(LATENCIES), help="add these latencies to every call")
     args = parser.parse_args()
-    faults = Faults(args.seed, rates=json.loads(args.rates) if args.rates else DEFAULT_RATES)
+    latency = LATENCIES[args.latency] if args.latency else None
+    upstream = urlsplit(args.upstream)
+    if upstream.scheme in ("tcp", "unix"):
+        if latency is None:
+            parser.error(f"a {upstream.scheme}:// upstream needs --latency")
+        address = (
+            upstream.path if upstream.scheme == "unix" else (upstream.hostname or "", upstream.port or 5432)
+        )
+        relay = TcpDelayProxy(address, latency.tcp_seconds, args.port)
+        print(f"tcp://127.0.0.1:{relay.port}", flush=True)
+        try:
+            relay.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            relay.close()
+        return
+    # Latency alone throws no dice unless told to.
+    rates = json.loads(args.rates) if args.rates else {} if latency else DEFAULT_RATES
+    faults = Faults(args.seed, rates=rates)
     with open(args.log, "a") as log:  # noqa: PTH123 - a text stream for the server's lifetime
-        server = ProxyServer(("127.0.0.1", args.port), args.upstream, faults, log)
+        server = ProxyServer(("127.0.0.1", args.port), args.upstream, faults, log, latency)
         print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
         try:
             server.serve_forever(poll_interval=0.2)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
@@ -69,6 +70,8 @@ class Steps:
     render: float
     store: float
     commit: float
+    # Of the time between claim and render: waiting for a render slot (RENDER_CONCURRENCY).
+    wait: float = 0.0
 
     def milliseconds(self) -> dict[str, int]:
         return {step: round(seconds * 1000) for step, seconds in asdict(self).items()}
@@ -83,7 +86,7 @@ class Result:
     retry_in: float | None = None
     variant_bytes: int = 0
     # Seconds per step of a rendered attempt: find and claim the photo, stream its original in and
-    # render, store the variants, commit.
+    # render, store the variants, commit; and the wait for a render slot, apart.
     steps: Steps | None = None
     # The hand-off of the event its commit wrote (SPEC 12), where one was tried.
     handoff: HandOff | None = None
@@ -168,6 +171,11 @@ class PhotoService:
         self._options = render_options(settings)
         self._events = events
         self._gate = RenderGate()
+        # Renders at once, whatever the records in flight (the others wait here holding nothing but
+        # their original's open stream).
+        self._renders = threading.BoundedSemaphore(settings.render_concurrency)
+        # A record's variants are put at once: one in its own thread, the others here.
+        self._puts = ThreadPoolExecutor(settings.record_concurrency, thread_name_prefix="put")
         self._recipe_checked = False
 
     def ensure_recipe(self) -> None:
@@ -259,11 +267,17 @@ class PhotoService:
     ) -> Result:
         settings = self._settings
         started = time.perf_counter()
+        # Opened before a render slot is free: S3's first byte arrives while other records render.
         stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
         try:
-            # libvips is stopped inside its evaluation if the invocation's time runs out first
-            # (TIME_BUDGET_EXCEEDED), or the render's own limit does (RENDER_TIME_EXCEEDED).
-            rendered = render(stream, self._options, time_budget=remaining() - settings.commit_budget_seconds)
+            opened = time.perf_counter()
+            with self._renders:
+                slotted = time.perf_counter()
+                # libvips is stopped inside its evaluation if the invocation's time runs out first
+                # (TIME_BUDGET_EXCEEDED), or the render's own limit does (RENDER_TIME_EXCEEDED).
+                rendered = render(
+                    stream, self._options, time_budget=remaining() - settings.commit_budget_seconds
+                )
         finally:
             stream.close()
         rendered_at = time.perf_counter()
@@ -272,28 +286,31 @@ class PhotoService:
             # Taken over, or published meanwhile at this version: its variants are not this worker's
             # to write.
             return Result(Outcome.SUPERSEDED, photo.id, attempt=attempt)
-        stored = []
-        for variant in rendered.variants:
-            self._budget(remaining, settings.commit_budget_seconds)
-            key = variant_key(
-                settings.stage,
-                photo.album_id,
-                photo.id,
-                version=settings.variant_version,
-                kind=variant.kind,
-                ext=variant.extension,
+        self._budget(remaining, settings.commit_budget_seconds)
+        stored = [
+            StoredVariant(
+                variant.kind,
+                variant_key(
+                    settings.stage,
+                    photo.album_id,
+                    photo.id,
+                    version=settings.variant_version,
+                    kind=variant.kind,
+                    ext=variant.extension,
+                ),
+                variant.width,
+                variant.height,
+                len(variant.data),
+                variant.content_type,
             )
-            self._store.put_variant(key, variant.data, variant.content_type)
-            stored.append(
-                StoredVariant(
-                    variant.kind,
-                    key,
-                    variant.width,
-                    variant.height,
-                    len(variant.data),
-                    variant.content_type,
-                )
-            )
+            for variant in rendered.variants
+        ]
+        self._put_variants(
+            [
+                (put.key, variant.data, put.content_type)
+                for put, variant in zip(stored, rendered.variants, strict=True)
+            ]
+        )
 
         self._budget(remaining, settings.commit_budget_seconds)
         stored_at = time.perf_counter()
@@ -315,8 +332,13 @@ class PhotoService:
             variant_version=settings.variant_version,
             placeholder=rendered.placeholder,
         )
+        waited = slotted - opened
         steps = Steps(
-            claim_seconds, rendered_at - started, stored_at - rendered_at, time.perf_counter() - stored_at
+            claim_seconds,
+            rendered_at - started - waited,
+            stored_at - rendered_at,
+            time.perf_counter() - stored_at,
+            waited,
         )
         return Result(
             Outcome(published.outcome),
@@ -326,6 +348,20 @@ class PhotoService:
             variant_bytes=sum(v.size for v in stored),
             handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
         )
+
+    def _put_variants(self, puts: Sequence[tuple[str, bytes, str]]) -> None:
+        """Every variant at once; returns once each put has finished, raising the first failure (in
+        the variants' order, as when they were put one after the other) only then."""
+        first, *others = puts
+        pending = [self._puts.submit(self._store.put_variant, *put) for put in others]
+        failures: list[BaseException] = []
+        try:
+            self._store.put_variant(*first)
+        except Exception as error:
+            failures.append(error)
+        failures += [failed for put in pending if (failed := put.exception()) is not None]
+        if failures:
+            raise failures[0]
 
     def _failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
         """Record a claimed attempt's failure: permanent, retried after its backoff, or final."""

@@ -69,11 +69,11 @@ def test_a_published_records_log_line_carries_its_step_timings(
     finally:
         logger.setLevel(level)
 
-    # THEN its "photo processed" line says how long each step took
+    # THEN its "photo processed" line says how long each step took, and the wait for a render slot
     [line] = [r for r in caplog.records if r.getMessage() == "photo processed"]
     assert line.outcome == "published"  # type: ignore[attr-defined]
     steps = line.steps_ms  # type: ignore[attr-defined]
-    assert set(steps) == {"claim", "render", "store", "commit"}
+    assert set(steps) == {"claim", "render", "store", "commit", "wait"}
     assert all(isinstance(ms, int) and ms >= 0 for ms in steps.values())
     assert steps["render"] > 0
 

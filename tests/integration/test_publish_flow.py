@@ -200,7 +200,7 @@ def test_an_upload_that_races_the_apis_insert_is_retried_until_the_row_exists(
 
 
 def test_the_records_of_a_batch_are_worked_on_side_by_side(infra: Infra, db: Engine) -> None:
-    # GIVEN four uploads waiting in the queue, and two records at a time allowed
+    # GIVEN four uploads waiting in the queue, and four records at a time allowed (two rendering)
     threads: set[int] = set()
     bootstrap.s3_client().meta.events.register(
         "before-call.s3.GetObject", lambda **_: threads.add(threading.get_ident())
@@ -214,7 +214,7 @@ def test_the_records_of_a_batch_are_worked_on_side_by_side(infra: Infra, db: Eng
     # WHEN one batch carries them to the handler
     poller = drain(infra)
 
-    # THEN all are published, and two workers read the originals
+    # THEN all are published, and four workers read the originals
     assert poller.failed == 0
     assert {row(db, Photo, s.photo_id).processing_state for s in shots} == {"ready"}
-    assert len(threads) == infra.settings.record_concurrency == 2
+    assert len(threads) == infra.settings.record_concurrency == 4
