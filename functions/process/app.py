@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from aws_lambda_powertools.utilities.batch import process_partial_response
-from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from photo_publish import bootstrap
 from photo_publish.errors import PhotoError
 from photo_publish.events import is_s3_event
 from photo_publish.observability import logger, metrics
 
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
-def record_handler(record: SQSRecord, lambda_context: LambdaContext) -> None:
+
+def record_handler(record: dict[str, Any], lambda_context: LambdaContext) -> None:
+    """One SQS record (the event's JSON as Lambda gives it)."""
     logger.thread_safe_clear_keys()
-    logger.thread_safe_append_keys(message_id=record.message_id)
+    logger.thread_safe_append_keys(message_id=record["messageId"])
     bootstrap.delivery(metrics).sqs_record(
-        message_id=record.message_id,
-        body=record.body,
-        receipt_handle=record.receipt_handle,
-        receive_count=int(record.attributes.approximate_receive_count),
+        message_id=record["messageId"],
+        body=record["body"],
+        receipt_handle=record["receiptHandle"],
+        receive_count=int(record["attributes"]["ApproximateReceiveCount"]),
         remaining=lambda: lambda_context.get_remaining_time_in_millis() / 1000,
     )
 
@@ -42,6 +42,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
             event["Records"], remaining=lambda: context.get_remaining_time_in_millis() / 1000
         )
         return {"results": [{"photoId": str(r.photo_id), "outcome": r.outcome} for r in results]}
-    return process_partial_response(
-        event=event, record_handler=record_handler, processor=bootstrap.batch_processor(), context=context
+    # Powertools' process_partial_response contract (photo_publish.delivery says why not its own).
+    return bootstrap.batch_processor().process(
+        event["Records"], lambda record: record_handler(record, context)
     )

@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from botocore.exceptions import BotoCoreError, ClientError
-from sqlalchemy import Engine, delete, exists, func, select, tuple_, update
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy import Connection, Engine, delete, exists, func, select, tuple_, update
 
 from photo_publish.budget import Remaining, forever
-from photo_publish.models import OutboxEvent
 from photo_publish.observability import logger
 from photo_publish.settings import Settings
+from photo_publish.tables import outbox_events
 
 if TYPE_CHECKING:
     from mypy_boto3_events import EventBridgeClient
@@ -185,7 +184,7 @@ class Relay:
         retry_seconds: float = 0.1,
         batch_seconds: float = 20.0,
     ) -> None:
-        self._sessions = sessionmaker(engine)
+        self._engine = engine
         self._bus = bus
         self._settings = settings
         self._batch_size = batch_size
@@ -207,12 +206,12 @@ class Relay:
             if remaining() < reserve_seconds:
                 summary.out_of_time = True
                 break
-            with self._sessions.begin() as session:
-                waiting = _take(session, self._batch_size, exclude=refused)
+            with self._engine.begin() as connection:
+                waiting = _take(connection, self._batch_size, exclude=refused)
                 if not waiting:
                     break
                 sent = self._send(waiting, summary, lambda: remaining() - reserve_seconds)
-                _mark_published(session, sent.accepted)
+                _mark_published(connection, sent.accepted)
             summary.batches += 1
             summary.published += len(sent.accepted)
             summary.not_accepted += len(sent.refused)
@@ -235,8 +234,8 @@ class Relay:
         sent = 0
         try:
             for _ in range(most):
-                with self._sessions.begin() as session:
-                    waiting = _take(session, 1, photo_id=photo_id)
+                with self._engine.begin() as connection:
+                    waiting = _take(connection, 1, photo_id=photo_id)
                     if not waiting:
                         break
                     item = entry(waiting[0])
@@ -245,7 +244,7 @@ class Relay:
                     if error is not None:
                         logger.warning("event not handed off", event_id=str(waiting[0].id), reason=error)
                         return HandOff(sent, True, time.perf_counter() - started)
-                    _mark_published(session, [waiting[0].id])
+                    _mark_published(connection, [waiting[0].id])
                 sent += 1
         except Exception as error:
             # The record's own work is committed: nothing here may fail it. The relay delivers.
@@ -312,16 +311,18 @@ class Relay:
         deleted = 0
         while remaining() >= reserve_seconds:
             expired = (
-                select(OutboxEvent.id)
-                .where(OutboxEvent.published_at < cutoff)
-                .order_by(OutboxEvent.published_at)
+                select(outbox_events.c.id)
+                .where(outbox_events.c.published_at < cutoff)
+                .order_by(outbox_events.c.published_at)
                 .limit(self._delete_batch_size)
                 .with_for_update(skip_locked=True)
             )
-            with self._sessions.begin() as session:
+            with self._engine.begin() as connection:
                 count = len(
-                    session.scalars(
-                        delete(OutboxEvent).where(OutboxEvent.id.in_(expired)).returning(OutboxEvent.id)
+                    connection.scalars(
+                        delete(outbox_events)
+                        .where(outbox_events.c.id.in_(expired))
+                        .returning(outbox_events.c.id)
                     ).all()
                 )
             deleted += count
@@ -331,45 +332,50 @@ class Relay:
 
     def _oldest_unpublished_seconds(self) -> float:
         """How long the oldest waiting event has waited (0 when none): the relay's alarm metric."""
-        with self._sessions.begin() as session:
-            age = session.scalar(
-                select(func.extract("epoch", func.now() - func.min(OutboxEvent.created_at))).where(
-                    OutboxEvent.published_at.is_(None)
+        with self._engine.begin() as connection:
+            age = connection.scalar(
+                select(func.extract("epoch", func.now() - func.min(outbox_events.c.created_at))).where(
+                    outbox_events.c.published_at.is_(None)
                 )
             )
         return max(float(age or 0), 0.0)
 
 
 def _take(
-    session: Session, limit: int, *, photo_id: UUID | None = None, exclude: set[UUID] | None = None
+    connection: Connection, limit: int, *, photo_id: UUID | None = None, exclude: set[UUID] | None = None
 ) -> list[Waiting]:
     """Lock and read waiting rows, oldest first, each the oldest waiting event of its photo; rows
     another relay holds are skipped (SKIP LOCKED), and so are the later events of their photos."""
-    older = aliased(OutboxEvent)
+    older = outbox_events.alias("older").c
     an_older_one_waits = exists().where(
-        older.aggregate_id == OutboxEvent.aggregate_id,
+        older.aggregate_id == outbox_events.c.aggregate_id,
         older.published_at.is_(None),
-        tuple_(older.created_at, older.id) < tuple_(OutboxEvent.created_at, OutboxEvent.id),
+        tuple_(older.created_at, older.id) < tuple_(outbox_events.c.created_at, outbox_events.c.id),
     )
     stmt = (
-        select(OutboxEvent.id, OutboxEvent.event_type, OutboxEvent.payload, OutboxEvent.created_at)
-        .where(OutboxEvent.published_at.is_(None), ~an_older_one_waits)
-        .order_by(OutboxEvent.created_at, OutboxEvent.id)
+        select(
+            outbox_events.c.id,
+            outbox_events.c.event_type,
+            outbox_events.c.payload,
+            outbox_events.c.created_at,
+        )
+        .where(outbox_events.c.published_at.is_(None), ~an_older_one_waits)
+        .order_by(outbox_events.c.created_at, outbox_events.c.id)
         .limit(limit)
-        .with_for_update(of=OutboxEvent, skip_locked=True)
+        .with_for_update(of=outbox_events, skip_locked=True)
     )
     if photo_id is not None:
-        stmt = stmt.where(OutboxEvent.aggregate_id == photo_id)
+        stmt = stmt.where(outbox_events.c.aggregate_id == photo_id)
     if exclude:
-        stmt = stmt.where(OutboxEvent.id.not_in(exclude))
-    return [Waiting(*row) for row in session.execute(stmt)]
+        stmt = stmt.where(outbox_events.c.id.not_in(exclude))
+    return [Waiting(*row) for row in connection.execute(stmt)]
 
 
-def _mark_published(session: Session, event_ids: Sequence[UUID]) -> None:
+def _mark_published(connection: Connection, event_ids: Sequence[UUID]) -> None:
     if event_ids:
-        session.execute(
-            update(OutboxEvent)
-            .where(OutboxEvent.id.in_(event_ids))
+        connection.execute(
+            update(outbox_events)
+            .where(outbox_events.c.id.in_(event_ids))
             # The moment of acceptance, not the transaction's start (now()).
             .values(published_at=func.clock_timestamp())
         )

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
+    Connection,
     DateTime,
     Engine,
     Text,
@@ -32,7 +33,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.orm import Session, sessionmaker
 
 from photo_publish.contracts import (
     PHOTO_FAILED,
@@ -46,8 +46,15 @@ from photo_publish.contracts import (
 )
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.keys import Upload
-from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant, VariantRecipe
 from photo_publish.recipes import Recipe, mismatch
+from photo_publish.tables import (
+    outbox_events,
+    photo_jobs,
+    photo_variants,
+    photos,
+    retired_variants,
+    variant_recipes,
+)
 
 # A second's tolerance for the clocks of the queue and the database (SPEC 5).
 CLOCK_TOLERANCE = timedelta(seconds=1)
@@ -119,14 +126,14 @@ class PublishResult:
 
 class PhotoRepository:
     def __init__(self, engine: Engine) -> None:
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._engine = engine
 
     @contextmanager
-    def _transaction(self) -> Iterator[Session]:
+    def _transaction(self) -> Iterator[Connection]:
         """One transaction; a database that cannot be reached, or loses the commit, is transient."""
         try:
-            with self._sessions.begin() as session:
-                yield session
+            with self._engine.begin() as connection:
+                yield connection
         except (DBAPIError, PoolTimeout) as error:
             if not _unavailable(error):
                 raise
@@ -136,15 +143,15 @@ class PhotoRepository:
 
     def ensure_recipe(self, version: int, recipe: Recipe) -> None:
         """Record `version` as `recipe` if it is new; raise RecipeMismatch if it is another's."""
-        with self._transaction() as session:
-            session.execute(
-                insert(VariantRecipe)
+        with self._transaction() as connection:
+            connection.execute(
+                insert(variant_recipes)
                 .values(version=version, fingerprint=recipe.fingerprint, recipe=asdict(recipe))
-                .on_conflict_do_nothing(index_elements=[VariantRecipe.version])
+                .on_conflict_do_nothing(index_elements=[variant_recipes.c.version])
             )
-            recorded = session.execute(
-                select(VariantRecipe.fingerprint, VariantRecipe.recipe).where(
-                    VariantRecipe.version == version
+            recorded = connection.execute(
+                select(variant_recipes.c.fingerprint, variant_recipes.c.recipe).where(
+                    variant_recipes.c.version == version
                 )
             ).one()
         if refusal := mismatch(version, recorded.fingerprint, recorded.recipe, recipe):
@@ -153,23 +160,26 @@ class PhotoRepository:
     def get_photo(self, photo_id: UUID, *, stale_after: int) -> PhotoRow | None:
         worker_lost = or_(
             and_(
-                PhotoJob.status == "active", PhotoJob.claimed_at < func.now() - timedelta(seconds=stale_after)
+                photo_jobs.c.status == "active",
+                photo_jobs.c.claimed_at < func.now() - timedelta(seconds=stale_after),
             ),
-            and_(PhotoJob.status == "pending", PhotoJob.last_error_code == ErrorCode.WORKER_LOST.value),
+            and_(
+                photo_jobs.c.status == "pending", photo_jobs.c.last_error_code == ErrorCode.WORKER_LOST.value
+            ),
         )
-        with self._transaction() as session:
-            row = session.execute(
+        with self._transaction() as connection:
+            row = connection.execute(
                 select(
-                    Photo.id,
-                    Photo.album_id,
-                    Photo.original_key,
-                    Photo.processing_state,
-                    Photo.variant_version,
-                    PhotoJob.rerender_to,
+                    photos.c.id,
+                    photos.c.album_id,
+                    photos.c.original_key,
+                    photos.c.processing_state,
+                    photos.c.variant_version,
+                    photo_jobs.c.rerender_to,
                     func.coalesce(worker_lost, false()),
                 )
-                .outerjoin(PhotoJob, PhotoJob.photo_id == Photo.id)
-                .where(Photo.id == photo_id)
+                .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
+                .where(photos.c.id == photo_id)
             ).one_or_none()
         return None if row is None else PhotoRow(*row)
 
@@ -182,85 +192,92 @@ class PhotoRepository:
         the one seen (S3 delivers out of order) changes nothing either.
         """
         if upload is None:
-            stmt = insert(PhotoJob).from_select(["photo_id"], select(Photo.id).where(Photo.id == photo_id))
-            with self._transaction() as session:
-                session.execute(stmt.on_conflict_do_nothing(index_elements=[PhotoJob.photo_id]))
+            stmt = insert(photo_jobs).from_select(
+                ["photo_id"], select(photos.c.id).where(photos.c.id == photo_id)
+            )
+            with self._transaction() as connection:
+                connection.execute(stmt.on_conflict_do_nothing(index_elements=[photo_jobs.c.photo_id]))
             return
 
         padded = None if upload.sequencer is None else upload.sequencer.rjust(_SEQUENCER_WIDTH, "0")
         sequencer, etag = literal(padded, Text), literal(upload.etag, Text)
         at = literal(upload.at, DateTime(timezone=True))
-        stmt = insert(PhotoJob).from_select(
+        stmt = insert(photo_jobs).from_select(
             ["photo_id", "upload_sequencer", "upload_etag"],
-            select(Photo.id, sequencer, etag).where(Photo.id == photo_id),
+            select(photos.c.id, sequencer, etag).where(photos.c.id == photo_id),
         )
-        older = func.coalesce(PhotoJob.upload_sequencer > sequencer, false())
+        older = func.coalesce(photo_jobs.c.upload_sequencer > sequencer, false())
         seen = and_(
-            PhotoJob.upload_sequencer.is_not_distinct_from(sequencer),
-            PhotoJob.upload_etag.is_not_distinct_from(etag),
+            photo_jobs.c.upload_sequencer.is_not_distinct_from(sequencer),
+            photo_jobs.c.upload_etag.is_not_distinct_from(etag),
         )
         # New against what failed: by S3's order where both uploads have a sequencer, else by eTag,
         # else (the job saw no upload: it ran from job messages) by time: only an upload after the
         # failure is new proof that the original exists.
         newer = case(
             (
-                and_(sequencer.is_not(None), PhotoJob.upload_sequencer.is_not(None)),
-                sequencer > PhotoJob.upload_sequencer,
+                and_(sequencer.is_not(None), photo_jobs.c.upload_sequencer.is_not(None)),
+                sequencer > photo_jobs.c.upload_sequencer,
             ),
-            (and_(etag.is_not(None), PhotoJob.upload_etag.is_not(None)), etag != PhotoJob.upload_etag),
-            (and_(at.is_not(None), PhotoJob.failed_at.is_not(None)), at > PhotoJob.failed_at),
+            (
+                and_(etag.is_not(None), photo_jobs.c.upload_etag.is_not(None)),
+                etag != photo_jobs.c.upload_etag,
+            ),
+            (and_(at.is_not(None), photo_jobs.c.failed_at.is_not(None)), at > photo_jobs.c.failed_at),
             else_=true(),
         )
-        reopen = and_(PhotoJob.status == "failed", newer)
+        reopen = and_(photo_jobs.c.status == "failed", newer)
         stmt = stmt.on_conflict_do_update(
-            index_elements=[PhotoJob.photo_id],
+            index_elements=[photo_jobs.c.photo_id],
             set_={
-                "status": case((reopen, "pending"), else_=PhotoJob.status),
-                "attempt": case((reopen, 0), else_=PhotoJob.attempt),
-                "next_retry_at": case((reopen, None), else_=PhotoJob.next_retry_at),
+                "status": case((reopen, "pending"), else_=photo_jobs.c.status),
+                "attempt": case((reopen, 0), else_=photo_jobs.c.attempt),
+                "next_retry_at": case((reopen, None), else_=photo_jobs.c.next_retry_at),
                 "upload_sequencer": sequencer,
                 "upload_etag": etag,
                 "updated_at": func.now(),
             },
             where=and_(not_(older), not_(seen)),
         )
-        with self._transaction() as session:
-            session.execute(stmt)
+        with self._transaction() as connection:
+            connection.execute(stmt)
 
     def claim(self, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
         """One conditional UPDATE: a due pending job, or a stale active one with attempts left."""
         now = func.now()
-        stale = PhotoJob.claimed_at < now - timedelta(seconds=stale_after)
+        stale = photo_jobs.c.claimed_at < now - timedelta(seconds=stale_after)
         claimable = or_(
             and_(
-                PhotoJob.status == "pending",
-                or_(PhotoJob.next_retry_at.is_(None), PhotoJob.next_retry_at <= now + CLOCK_TOLERANCE),
+                photo_jobs.c.status == "pending",
+                or_(
+                    photo_jobs.c.next_retry_at.is_(None), photo_jobs.c.next_retry_at <= now + CLOCK_TOLERANCE
+                ),
             ),
-            and_(PhotoJob.status == "active", stale, PhotoJob.attempt < max_attempts),
+            and_(photo_jobs.c.status == "active", stale, photo_jobs.c.attempt < max_attempts),
         )
-        with self._transaction() as session:
-            attempt = session.scalar(
-                update(PhotoJob)
-                .where(PhotoJob.photo_id == photo_id, claimable)
+        with self._transaction() as connection:
+            attempt = connection.scalar(
+                update(photo_jobs)
+                .where(photo_jobs.c.photo_id == photo_id, claimable)
                 .values(
                     status="active",
-                    attempt=PhotoJob.attempt + 1,
+                    attempt=photo_jobs.c.attempt + 1,
                     claimed_at=now,
                     next_retry_at=None,
                     updated_at=now,
                 )
-                .returning(PhotoJob.attempt)
+                .returning(photo_jobs.c.attempt)
             )
             if attempt is not None:
                 return Claimed(attempt)
             # Not claimed: read why, only to answer the delivery (nothing is written on this read).
             due_at = case(
-                (PhotoJob.status == "pending", PhotoJob.next_retry_at),
-                (PhotoJob.status == "active", PhotoJob.claimed_at + timedelta(seconds=stale_after)),
+                (photo_jobs.c.status == "pending", photo_jobs.c.next_retry_at),
+                (photo_jobs.c.status == "active", photo_jobs.c.claimed_at + timedelta(seconds=stale_after)),
             )
-            row = session.execute(
-                select(PhotoJob.status, PhotoJob.attempt, func.extract("epoch", due_at - now)).where(
-                    PhotoJob.photo_id == photo_id
+            row = connection.execute(
+                select(photo_jobs.c.status, photo_jobs.c.attempt, func.extract("epoch", due_at - now)).where(
+                    photo_jobs.c.photo_id == photo_id
                 )
             ).one_or_none()
         if row is None:
@@ -274,10 +291,10 @@ class PhotoRepository:
 
     def mark_done(self, photo_id: UUID) -> None:
         """The photo is already published: nothing is left for its job to do."""
-        with self._transaction() as session:
-            session.execute(
-                update(PhotoJob)
-                .where(PhotoJob.photo_id == photo_id, PhotoJob.status != "done")
+        with self._transaction() as connection:
+            connection.execute(
+                update(photo_jobs)
+                .where(photo_jobs.c.photo_id == photo_id, photo_jobs.c.status != "done")
                 .values(status="done", next_retry_at=None, rerender_to=None, updated_at=func.now())
             )
 
@@ -298,13 +315,15 @@ class PhotoRepository:
         whose job was taken over changes nothing (its job row is locked before the photo's, the
         order every transaction here takes them in).
         """
-        with self._transaction() as session:
+        with self._transaction() as connection:
             # Done, and no re-render owed: the variants are at the version this worker renders.
-            if not self._finish_job(session, photo_id, attempt, "done", rerender_to=None):
-                return PublishResult(self._superseded_or_skipped(session, photo_id))
-            published = session.execute(
-                update(Photo)
-                .where(Photo.id == photo_id, Photo.processing_state.in_(("uploaded", "processing_failed")))
+            if not self._finish_job(connection, photo_id, attempt, "done", rerender_to=None):
+                return PublishResult(self._superseded_or_skipped(connection, photo_id))
+            published = connection.execute(
+                update(photos)
+                .where(
+                    photos.c.id == photo_id, photos.c.processing_state.in_(("uploaded", "processing_failed"))
+                )
                 .values(
                     processing_state="ready",
                     visibility="published",
@@ -312,16 +331,15 @@ class PhotoRepository:
                     error_code=None,
                     **_rendition(width, height, variant_version, placeholder),
                 )
-                .returning(Photo.album_id, Photo.entity_version, Photo.published_at)
-                .execution_options(synchronize_session=False)
+                .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
             ).one_or_none()
             if published is None:
                 # Zero rows: published already (by a worker of an earlier claim), or deleted.
-                exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
+                exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
                 return PublishResult("already" if exists else "skipped")
-            self._store_variants(session, photo_id, variants, variant_version)
+            self._store_variants(connection, photo_id, variants, variant_version)
             payload = self._append_event(
-                session,
+                connection,
                 PHOTO_PUBLISHED,
                 photo_id,
                 published,
@@ -350,34 +368,33 @@ class PhotoRepository:
         of the version it replaces are retired, to be deleted after `retire_after`: clients and
         caches may still hold their keys.
         """
-        with self._transaction() as session:
+        with self._transaction() as connection:
             # Done, and no re-render owed: the variants are at the version this worker renders.
-            if not self._finish_job(session, photo_id, attempt, "done", rerender_to=None):
-                return PublishResult(self._superseded_or_skipped(session, photo_id))
-            replaced = session.execute(
-                update(Photo)
+            if not self._finish_job(connection, photo_id, attempt, "done", rerender_to=None):
+                return PublishResult(self._superseded_or_skipped(connection, photo_id))
+            replaced = connection.execute(
+                update(photos)
                 .where(
-                    Photo.id == photo_id,
-                    Photo.processing_state == "ready",
+                    photos.c.id == photo_id,
+                    photos.c.processing_state == "ready",
                     # Published at this version meanwhile (a new upload's own render): nothing to do.
-                    func.coalesce(Photo.variant_version, 0) < variant_version,
+                    func.coalesce(photos.c.variant_version, 0) < variant_version,
                 )
                 .values(**_rendition(width, height, variant_version, placeholder))
-                .returning(Photo.album_id, Photo.entity_version, Photo.published_at)
-                .execution_options(synchronize_session=False)
+                .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
             ).one_or_none()
             if replaced is None:
-                exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
+                exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
                 return PublishResult("already" if exists else "skipped")
             new_keys = [v.key for v in variants]
-            old_keys = session.scalars(
-                select(PhotoVariant.storage_key).where(
-                    PhotoVariant.photo_id == photo_id, PhotoVariant.storage_key.not_in(new_keys)
+            old_keys = connection.scalars(
+                select(photo_variants.c.storage_key).where(
+                    photo_variants.c.photo_id == photo_id, photo_variants.c.storage_key.not_in(new_keys)
                 )
             ).all()
             if old_keys:
-                session.execute(
-                    insert(RetiredVariant)
+                connection.execute(
+                    insert(retired_variants)
                     .values(
                         [
                             {
@@ -388,11 +405,11 @@ class PhotoRepository:
                             for key in old_keys
                         ]
                     )
-                    .on_conflict_do_nothing(index_elements=[RetiredVariant.storage_key])
+                    .on_conflict_do_nothing(index_elements=[retired_variants.c.storage_key])
                 )
-            self._store_variants(session, photo_id, variants, variant_version)
+            self._store_variants(connection, photo_id, variants, variant_version)
             payload = self._append_event(
-                session,
+                connection,
                 PHOTO_VARIANTS_UPDATED,
                 photo_id,
                 replaced,
@@ -404,16 +421,16 @@ class PhotoRepository:
         return PublishResult("rerendered", payload)
 
     @staticmethod
-    def _superseded_or_skipped(session: Session, photo_id: UUID) -> Literal["superseded", "skipped"]:
+    def _superseded_or_skipped(connection: Connection, photo_id: UUID) -> Literal["superseded", "skipped"]:
         """A fenced-out transition: another claim owns the job, or the photo (and its job) is gone."""
-        exists = session.scalar(select(Photo.id).where(Photo.id == photo_id)) is not None
+        exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
         return "superseded" if exists else "skipped"
 
     @staticmethod
     def _store_variants(
-        session: Session, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
+        connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
     ) -> None:
-        stmt = insert(PhotoVariant).values(
+        stmt = insert(photo_variants).values(
             [
                 {
                     "photo_id": photo_id,
@@ -428,9 +445,9 @@ class PhotoRepository:
                 for v in variants
             ]
         )
-        session.execute(
+        connection.execute(
             stmt.on_conflict_do_update(
-                index_elements=[PhotoVariant.photo_id, PhotoVariant.kind],
+                index_elements=[photo_variants.c.photo_id, photo_variants.c.kind],
                 set_={
                     "storage_key": stmt.excluded.storage_key,
                     "width": stmt.excluded.width,
@@ -445,7 +462,7 @@ class PhotoRepository:
 
     @staticmethod
     def _append_event(
-        session: Session,
+        connection: Connection,
         event_type: str,
         photo_id: UUID,
         photo: Any,
@@ -474,8 +491,8 @@ class PhotoRepository:
             variants=PublishedVariants(**refs),
             placeholder=placeholder,
         )
-        session.add(
-            OutboxEvent(
+        connection.execute(
+            insert(outbox_events).values(
                 aggregate_type="photo",
                 aggregate_id=photo_id,
                 event_type=event_type,
@@ -491,18 +508,18 @@ class PhotoRepository:
         Asked before the variant objects are written, because they carry an immutable Cache-Control:
         a published version's objects are never written again (a re-render writes a newer version's).
         """
-        with self._transaction() as session:
+        with self._transaction() as connection:
             return (
-                session.scalar(
-                    select(PhotoJob.photo_id)
-                    .join(Photo, Photo.id == PhotoJob.photo_id)
+                connection.scalar(
+                    select(photo_jobs.c.photo_id)
+                    .join(photos, photos.c.id == photo_jobs.c.photo_id)
                     .where(
-                        PhotoJob.photo_id == photo_id,
-                        PhotoJob.status == "active",
-                        PhotoJob.attempt == attempt,
+                        photo_jobs.c.photo_id == photo_id,
+                        photo_jobs.c.status == "active",
+                        photo_jobs.c.attempt == attempt,
                         or_(
-                            Photo.processing_state != "ready",
-                            func.coalesce(Photo.variant_version, 0) < variant_version,
+                            photos.c.processing_state != "ready",
+                            func.coalesce(photos.c.variant_version, 0) < variant_version,
                         ),
                     )
                 )
@@ -518,27 +535,28 @@ class PhotoRepository:
         """
         owed = {"dead_letter_owed_at": func.now()} if final else {}
         owed["failed_at"] = func.now()
-        with self._transaction() as session:
-            if not self._finish_job(session, photo_id, attempt, "failed", code, **owed):
+        with self._transaction() as connection:
+            if not self._finish_job(connection, photo_id, attempt, "failed", code, **owed):
                 return False
-            failed = session.execute(
-                update(Photo)
-                .where(Photo.id == photo_id, Photo.processing_state != "ready")
+            failed = connection.execute(
+                update(photos)
+                .where(photos.c.id == photo_id, photos.c.processing_state != "ready")
                 .values(processing_state="processing_failed", error_code=code.value, updated_at=func.now())
-                .returning(Photo.album_id, Photo.entity_version, Photo.updated_at)
-                .execution_options(synchronize_session=False)
+                .returning(photos.c.album_id, photos.c.entity_version, photos.c.updated_at)
             ).one_or_none()
             # A published photo is not downgraded, and gets no event: only a photo marked failed does.
             if failed is not None:
-                session.add(
-                    failed_event(
-                        photo_id,
-                        album_id=failed.album_id,
-                        entity_version=failed.entity_version,
-                        code=code,
-                        attempt=attempt,
-                        failed_at=failed.updated_at,
-                        final=final,
+                connection.execute(
+                    insert(outbox_events).values(
+                        failed_event(
+                            photo_id,
+                            album_id=failed.album_id,
+                            entity_version=failed.entity_version,
+                            code=code,
+                            attempt=attempt,
+                            failed_at=failed.updated_at,
+                            final=final,
+                        )
                     )
                 )
         return True
@@ -546,39 +564,41 @@ class PhotoRepository:
     def take_owed_dead_letter(self, photo_id: UUID, *, lease_seconds: int) -> OwedDeadLetter | float | None:
         """The job's owed dead letter, leased to the caller; else the seconds until it may be taken
         (its lease, or its first sender, still holds it), or None when no letter is owed."""
-        leased = PhotoJob.dead_letter_owed_at < func.now() - timedelta(seconds=lease_seconds)
-        with self._transaction() as session:
-            row = session.execute(
-                update(PhotoJob)
-                .where(PhotoJob.photo_id == photo_id, leased)
+        leased = photo_jobs.c.dead_letter_owed_at < func.now() - timedelta(seconds=lease_seconds)
+        with self._transaction() as connection:
+            row = connection.execute(
+                update(photo_jobs)
+                .where(photo_jobs.c.photo_id == photo_id, leased)
                 .values(dead_letter_owed_at=func.now())
-                .returning(PhotoJob.attempt, PhotoJob.last_error_code)
+                .returning(photo_jobs.c.attempt, photo_jobs.c.last_error_code)
             ).one_or_none()
             if row is not None:
                 return OwedDeadLetter(photo_id, row.attempt, ErrorCode(row.last_error_code))
-            wait = session.scalar(
+            wait = connection.scalar(
                 select(
                     func.extract(
                         "epoch",
-                        PhotoJob.dead_letter_owed_at + timedelta(seconds=lease_seconds) - func.now(),
+                        photo_jobs.c.dead_letter_owed_at + timedelta(seconds=lease_seconds) - func.now(),
                     )
-                ).where(PhotoJob.photo_id == photo_id, PhotoJob.dead_letter_owed_at.is_not(None))
+                ).where(photo_jobs.c.photo_id == photo_id, photo_jobs.c.dead_letter_owed_at.is_not(None))
             )
         return None if wait is None else max(float(wait), 0.0)
 
     def dead_letter_sent(self, photo_ids: Sequence[UUID]) -> None:
         """The queue accepted these jobs' dead letters: nothing is owed any more."""
         if photo_ids:
-            with self._transaction() as session:
-                session.execute(
-                    update(PhotoJob).where(PhotoJob.photo_id.in_(photo_ids)).values(dead_letter_owed_at=None)
+            with self._transaction() as connection:
+                connection.execute(
+                    update(photo_jobs)
+                    .where(photo_jobs.c.photo_id.in_(photo_ids))
+                    .values(dead_letter_owed_at=None)
                 )
 
     def release(self, photo_id: UUID, attempt: int, code: ErrorCode, retry_in: int) -> bool:
         """Back to `pending`, not claimable for `retry_in` seconds; False if fenced out."""
-        with self._transaction() as session:
+        with self._transaction() as connection:
             return self._finish_job(
-                session,
+                connection,
                 photo_id,
                 attempt,
                 "pending",
@@ -588,7 +608,7 @@ class PhotoRepository:
 
     @staticmethod
     def _finish_job(
-        session: Session,
+        connection: Connection,
         photo_id: UUID,
         attempt: int,
         status: str,
@@ -596,16 +616,20 @@ class PhotoRepository:
         **values: object,
     ) -> bool:
         """A transition out of `active`, fenced by the attempt its worker claimed."""
-        result = session.execute(
-            update(PhotoJob)
-            .where(PhotoJob.photo_id == photo_id, PhotoJob.status == "active", PhotoJob.attempt == attempt)
+        result = connection.execute(
+            update(photo_jobs)
+            .where(
+                photo_jobs.c.photo_id == photo_id,
+                photo_jobs.c.status == "active",
+                photo_jobs.c.attempt == attempt,
+            )
             .values(
                 status=status,
-                last_error_code=code.value if code else PhotoJob.last_error_code,
+                last_error_code=code.value if code else photo_jobs.c.last_error_code,
                 updated_at=func.now(),
                 **({"next_retry_at": None} | values),
             )
-            .returning(PhotoJob.photo_id)
+            .returning(photo_jobs.c.photo_id)
         )
         return result.first() is not None
 
@@ -619,8 +643,8 @@ def failed_event(
     attempt: int,
     failed_at: datetime,
     final: bool,
-) -> OutboxEvent:
-    """The outbox row of a photo marked `processing_failed` (SPEC 12), for that same transaction."""
+) -> dict[str, Any]:
+    """The outbox row of a photo marked `processing_failed` (SPEC 12), for that same transaction's insert."""
     payload = PhotoFailedPayload(
         photo_id=photo_id,
         album_id=album_id,
@@ -630,9 +654,12 @@ def failed_event(
         attempt=attempt,
         failed_at=failed_at,
     )
-    return OutboxEvent(
-        aggregate_type="photo", aggregate_id=photo_id, event_type=PHOTO_FAILED, payload=payload.to_json()
-    )
+    return {
+        "aggregate_type": "photo",
+        "aggregate_id": photo_id,
+        "event_type": PHOTO_FAILED,
+        "payload": payload.to_json(),
+    }
 
 
 # SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback
@@ -659,6 +686,6 @@ def _rendition(width: int, height: int, variant_version: int, placeholder: Place
         "variant_version": variant_version,
         "thumbhash": placeholder.thumbhash,
         "average_color": placeholder.average_color,
-        "entity_version": Photo.entity_version + 1,
+        "entity_version": photos.c.entity_version + 1,
         "updated_at": func.now(),
     }

@@ -14,15 +14,26 @@ from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
 
-from sqlalchemy import Engine, and_, case, delete, func, literal_column, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    case,
+    delete,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
-from photo_publish.models import Photo, PhotoJob, RetiredVariant
 from photo_publish.observability import logger
 from photo_publish.repository import OwedDeadLetter, failed_event
 from photo_publish.settings import Settings
+from photo_publish.tables import outbox_events, photo_jobs, photos, retired_variants
 
 
 class SweepQueue(Protocol):
@@ -76,7 +87,7 @@ class Sweeper:
         store: VariantStore,
         batch_size: int = 500,
     ) -> None:
-        self._sessions = sessionmaker(engine)
+        self._engine = engine
         self._queue = queue
         self._settings = settings
         self._store = store
@@ -130,18 +141,18 @@ class Sweeper:
             return 0
         now = func.now()
         marked = (
-            select(PhotoJob.photo_id)
-            .where(PhotoJob.rerender_to.is_not(None), PhotoJob.status == literal_column("'done'"))
-            .order_by(PhotoJob.photo_id)
+            select(photo_jobs.c.photo_id)
+            .where(photo_jobs.c.rerender_to.is_not(None), photo_jobs.c.status == literal_column("'done'"))
+            .order_by(photo_jobs.c.photo_id)
             .limit(settings.backfill_batch_size)
             .with_for_update(skip_locked=True)
             .cte("marked")
         )
-        with self._sessions.begin() as session:
+        with self._engine.begin() as connection:
             taken = list(
-                session.scalars(
-                    update(PhotoJob)
-                    .where(PhotoJob.photo_id == marked.c.photo_id)
+                connection.scalars(
+                    update(photo_jobs)
+                    .where(photo_jobs.c.photo_id == marked.c.photo_id)
                     .values(
                         status="pending",
                         attempt=0,
@@ -150,7 +161,7 @@ class Sweeper:
                         enqueued_at=now,
                         updated_at=now,
                     )
-                    .returning(PhotoJob.photo_id)
+                    .returning(photo_jobs.c.photo_id)
                 )
             )
         # Spread over the time to the next run: new uploads queue behind a trickle, never a batch.
@@ -158,96 +169,98 @@ class Sweeper:
         return len(taken) - len(unsent)
 
     def _backfill_left(self) -> int:
-        with self._sessions.begin() as session:
-            left = session.scalar(
+        with self._engine.begin() as connection:
+            left = connection.scalar(
                 select(func.count())
-                .select_from(PhotoJob)
-                .where(PhotoJob.rerender_to.is_not(None), PhotoJob.status == literal_column("'done'"))
+                .select_from(photo_jobs)
+                .where(photo_jobs.c.rerender_to.is_not(None), photo_jobs.c.status == literal_column("'done'"))
             )
         return int(left or 0)
 
     def _delete_retired(self) -> int:
         """Delete a bounded batch of replaced versions' objects whose grace period has passed."""
-        with self._sessions.begin() as session:
+        with self._engine.begin() as connection:
             keys = list(
-                session.scalars(
-                    select(RetiredVariant.storage_key)
-                    .where(RetiredVariant.delete_after < func.now())
-                    .order_by(RetiredVariant.delete_after)
+                connection.scalars(
+                    select(retired_variants.c.storage_key)
+                    .where(retired_variants.c.delete_after < func.now())
+                    .order_by(retired_variants.c.delete_after)
                     .limit(self._batch_size)
                     .with_for_update(skip_locked=True)
                 )
             )
             deleted = self._store.delete_variants(keys) if keys else []
             if deleted:
-                session.execute(delete(RetiredVariant).where(RetiredVariant.storage_key.in_(deleted)))
+                connection.execute(
+                    delete(retired_variants).where(retired_variants.c.storage_key.in_(deleted))
+                )
         return len(deleted)
 
     def _take_due_pending(self) -> list[UUID]:
         """Stamp and return pending rows that waited SWEEP_AFTER_SECONDS past their due time."""
         wait = timedelta(seconds=self._settings.sweep_after_seconds)
         now = func.now()
-        due_at = func.coalesce(PhotoJob.next_retry_at, PhotoJob.created_at)
+        due_at = func.coalesce(photo_jobs.c.next_retry_at, photo_jobs.c.created_at)
         due = (
-            select(PhotoJob.photo_id)
+            select(photo_jobs.c.photo_id)
             .where(
                 # Literal, not a bound parameter: a generic plan must still see the partial index.
-                PhotoJob.status == literal_column("'pending'"),
+                photo_jobs.c.status == literal_column("'pending'"),
                 due_at < now - wait,
-                or_(PhotoJob.enqueued_at.is_(None), PhotoJob.enqueued_at < now - wait),
+                or_(photo_jobs.c.enqueued_at.is_(None), photo_jobs.c.enqueued_at < now - wait),
             )
             .order_by(due_at)
             .limit(self._batch_size)
             .with_for_update(skip_locked=True)
             .cte("due")
         )
-        with self._sessions.begin() as session:
+        with self._engine.begin() as connection:
             return list(
-                session.scalars(
-                    update(PhotoJob)
-                    .where(PhotoJob.photo_id == due.c.photo_id)
+                connection.scalars(
+                    update(photo_jobs)
+                    .where(photo_jobs.c.photo_id == due.c.photo_id)
                     .values(enqueued_at=now, updated_at=now)
-                    .returning(PhotoJob.photo_id)
+                    .returning(photo_jobs.c.photo_id)
                 )
             )
 
     def _take_stale_active(self) -> tuple[list[UUID], list[OwedDeadLetter]]:
         """Stale active rows: back to pending and stamped, or failed with WORKER_LOST if exhausted."""
         now = func.now()
-        exhausted = PhotoJob.attempt >= self._settings.max_attempts
+        exhausted = photo_jobs.c.attempt >= self._settings.max_attempts
         stale = (
-            select(PhotoJob.photo_id)
+            select(photo_jobs.c.photo_id)
             .where(
-                PhotoJob.status == literal_column("'active'"),
-                PhotoJob.claimed_at < now - timedelta(seconds=self._settings.stale_after_seconds),
+                photo_jobs.c.status == literal_column("'active'"),
+                photo_jobs.c.claimed_at < now - timedelta(seconds=self._settings.stale_after_seconds),
             )
-            .order_by(PhotoJob.claimed_at)
+            .order_by(photo_jobs.c.claimed_at)
             .limit(self._batch_size)
             .with_for_update(skip_locked=True)
             .cte("stale")
         )
-        with self._sessions.begin() as session:
-            rows = session.execute(
-                update(PhotoJob)
-                .where(PhotoJob.photo_id == stale.c.photo_id)
+        with self._engine.begin() as connection:
+            rows = connection.execute(
+                update(photo_jobs)
+                .where(photo_jobs.c.photo_id == stale.c.photo_id)
                 .values(
                     status=case((exhausted, "failed"), else_="pending"),
                     last_error_code=ErrorCode.WORKER_LOST.value,
-                    enqueued_at=case((exhausted, PhotoJob.enqueued_at), else_=now),
+                    enqueued_at=case((exhausted, photo_jobs.c.enqueued_at), else_=now),
                     # A final failure: its dead letter is owed until the queue accepts it.
-                    dead_letter_owed_at=case((exhausted, now), else_=PhotoJob.dead_letter_owed_at),
-                    failed_at=case((exhausted, now), else_=PhotoJob.failed_at),
+                    dead_letter_owed_at=case((exhausted, now), else_=photo_jobs.c.dead_letter_owed_at),
+                    failed_at=case((exhausted, now), else_=photo_jobs.c.failed_at),
                     next_retry_at=None,
                     updated_at=now,
                 )
-                .returning(PhotoJob.photo_id, PhotoJob.status, PhotoJob.attempt)
+                .returning(photo_jobs.c.photo_id, photo_jobs.c.status, photo_jobs.c.attempt)
             ).all()
             lost = [
                 OwedDeadLetter(row.photo_id, row.attempt, ErrorCode.WORKER_LOST)
                 for row in rows
                 if row.status == "failed"
             ]
-            self._mark_photos_lost(session, lost)
+            self._mark_photos_lost(connection, lost)
         return [row.photo_id for row in rows if row.status == "pending"], lost
 
     def _take_owed_dead_letters(self) -> list[OwedDeadLetter]:
@@ -258,19 +271,21 @@ class Sweeper:
         """
         now = func.now()
         owed = (
-            select(PhotoJob.photo_id)
-            .where(PhotoJob.dead_letter_owed_at < now - timedelta(seconds=self._settings.stale_after_seconds))
-            .order_by(PhotoJob.dead_letter_owed_at)
+            select(photo_jobs.c.photo_id)
+            .where(
+                photo_jobs.c.dead_letter_owed_at < now - timedelta(seconds=self._settings.stale_after_seconds)
+            )
+            .order_by(photo_jobs.c.dead_letter_owed_at)
             .limit(self._batch_size)
             .with_for_update(skip_locked=True)
             .cte("owed")
         )
-        with self._sessions.begin() as session:
-            rows = session.execute(
-                update(PhotoJob)
-                .where(PhotoJob.photo_id == owed.c.photo_id)
+        with self._engine.begin() as connection:
+            rows = connection.execute(
+                update(photo_jobs)
+                .where(photo_jobs.c.photo_id == owed.c.photo_id)
                 .values(dead_letter_owed_at=now)
-                .returning(PhotoJob.photo_id, PhotoJob.attempt, PhotoJob.last_error_code)
+                .returning(photo_jobs.c.photo_id, photo_jobs.c.attempt, photo_jobs.c.last_error_code)
             ).all()
         return [OwedDeadLetter(row.photo_id, row.attempt, ErrorCode(row.last_error_code)) for row in rows]
 
@@ -283,31 +298,30 @@ class Sweeper:
             if self._queue.send_dead_letter(letter.photo_id, letter.attempt, letter.code, "sent by the sweep")
         ]
         if sent:
-            with self._sessions.begin() as session:
-                session.execute(
-                    update(PhotoJob).where(PhotoJob.photo_id.in_(sent)).values(dead_letter_owed_at=None)
+            with self._engine.begin() as connection:
+                connection.execute(
+                    update(photo_jobs).where(photo_jobs.c.photo_id.in_(sent)).values(dead_letter_owed_at=None)
                 )
         return len(letters) - len(sent)
 
     @staticmethod
-    def _mark_photos_lost(session: Session, lost: list[OwedDeadLetter]) -> None:
+    def _mark_photos_lost(connection: Connection, lost: list[OwedDeadLetter]) -> None:
         """The photos of final WORKER_LOST failures `processing_failed`, each with its `photo.failed`
         event: only those the UPDATE marked (a published photo is neither downgraded nor told)."""
         if not lost:
             return
         attempts = {letter.photo_id: letter.attempt for letter in lost}
-        marked = session.execute(
-            update(Photo)
-            .where(and_(Photo.id.in_(attempts), Photo.processing_state != "ready"))
+        marked = connection.execute(
+            update(photos)
+            .where(and_(photos.c.id.in_(attempts), photos.c.processing_state != "ready"))
             .values(
                 processing_state="processing_failed",
                 error_code=ErrorCode.WORKER_LOST.value,
                 updated_at=func.now(),
             )
-            .returning(Photo.id, Photo.album_id, Photo.entity_version, Photo.updated_at)
-            .execution_options(synchronize_session=False)
+            .returning(photos.c.id, photos.c.album_id, photos.c.entity_version, photos.c.updated_at)
         ).all()
-        session.add_all(
+        events = [
             failed_event(
                 row.id,
                 album_id=row.album_id,
@@ -318,17 +332,19 @@ class Sweeper:
                 final=True,
             )
             for row in marked
-        )
+        ]
+        if events:
+            connection.execute(insert(outbox_events), events)
 
     def _send(self, photo_ids: list[UUID], *, spread_seconds: float = 0) -> list[UUID]:
         """Send job messages; the rows whose message failed lose their stamp, for a later run."""
         unsent = self._queue.send_jobs(photo_ids, spread_seconds=spread_seconds) if photo_ids else []
         if unsent:
             logger.warning("sweep could not send job messages", count=len(unsent))
-            with self._sessions.begin() as session:
-                session.execute(
-                    update(PhotoJob)
-                    .where(PhotoJob.photo_id.in_(unsent), PhotoJob.status == "pending")
+            with self._engine.begin() as connection:
+                connection.execute(
+                    update(photo_jobs)
+                    .where(photo_jobs.c.photo_id.in_(unsent), photo_jobs.c.status == "pending")
                     .values(enqueued_at=None)
                 )
         return unsent

@@ -199,10 +199,19 @@ def normal_policy(document: dict[str, Any] | str) -> list[str]:
     return sorted(json.dumps(normal(s), sort_keys=True) for s in as_list(document["Statement"]))
 
 
+def process_mapping(function_name: str) -> dict[str, Any]:
+    """The process function's queue mapping: it invokes the alias `live` (AutoPublishAlias, which
+    SnapStart needs), and mappings are listed by the ARN they invoke."""
+    lam = client("lambda")
+    alias = lam.get_alias(FunctionName=function_name, Name="live")["AliasArn"]
+    (mapping,) = lam.list_event_source_mappings(FunctionName=alias)["EventSourceMappings"]
+    return dict(mapping)
+
+
 def disable_event_source(function_name: str) -> None:
     """Stop LocalStack's poller for the function: `sam local invoke` is the consumer here."""
     lam = client("lambda")
-    (mapping,) = lam.list_event_source_mappings(FunctionName=function_name)["EventSourceMappings"]
+    mapping = process_mapping(function_name)
     lam.update_event_source_mapping(UUID=mapping["UUID"], Enabled=False)
     deadline = time.monotonic() + 30
     while lam.get_event_source_mapping(UUID=mapping["UUID"])["State"] != "Disabled":
@@ -378,8 +387,7 @@ def test_the_alarms_watch_their_metrics_at_their_thresholds(deployed: Deployed) 
 
 
 def test_the_event_source_mapping_batches_reports_and_bounds_concurrency(deployed: Deployed) -> None:
-    function = deployed.ref_of("ProcessFunction")
-    (mapping,) = client("lambda").list_event_source_mappings(FunctionName=function)["EventSourceMappings"]
+    mapping = process_mapping(deployed.ref_of("ProcessFunction"))
     wanted = deployed.function("ProcessFunction")["Events"]["Originals"]["Properties"]
     assert mapping["EventSourceArn"] == wanted["Queue"] == deployed.attribute("ProcessQueue", "Arn")
     assert mapping["BatchSize"] == wanted["BatchSize"]

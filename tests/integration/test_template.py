@@ -491,6 +491,22 @@ def test_the_process_event_source_reports_each_record_and_bounds_concurrency(sta
         assert stack.function(scheduled)["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
 
 
+@pytest.mark.parametrize(("value", "snapshot"), [("false", None), ("true", {"ApplyOn": "PublishedVersions"})])
+def test_snapstart_is_a_parameter_of_the_process_function_off_by_default(
+    value: str, snapshot: dict[str, str] | None
+) -> None:
+    # GIVEN the stack with ProcessSnapStart left at its default, or turned on
+    stack = Stack(ProcessSnapStart=value) if value == "true" else Stack()
+    assert document()["Parameters"]["ProcessSnapStart"]["Default"] == "false"
+
+    # THEN only the process function snapshots, and only when asked; its queue invokes its alias
+    # (SnapStart applies to published versions, not to $LATEST)
+    process = stack.function("ProcessFunction")
+    assert process.get("SnapStart") == snapshot
+    assert process["AutoPublishAlias"] == "live"
+    assert not any("SnapStart" in stack.function(name) for name in ("SweepFunction", "RelayFunction"))
+
+
 # --- the events' bus (SPEC 12) --------------------------------------------------------------------
 
 

@@ -1,0 +1,180 @@
+"""The tables of SPEC 4 as SQLAlchemy Core `Table`s. The migrations create them; the functions
+read and write them with Core statements on a Connection.
+
+Core, not the ORM: the functions never load an object graph, and `sqlalchemy.orm` adds about
+40 ms to SQLAlchemy Core's import under python3.12, paid by every cold start before its first
+record (issue 17).
+`photo_publish.models` maps typed ORM classes onto these same tables for the tools and tests.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from photo_publish.errors import ErrorCode
+
+PROCESSING_STATES = ("uploaded", "ready", "processing_failed")
+VISIBILITIES = ("unpublished", "published")
+JOB_STATUSES = ("pending", "active", "done", "failed")
+VARIANT_KINDS = ("thumb", "browse")
+ERROR_CODES = [code.value for code in ErrorCode]
+
+
+def one_of(column: str, values: tuple[str, ...] | list[str]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _timestamp(name: str, *, nullable: bool = True) -> Column[object]:
+    return Column(name, DateTime(timezone=True), nullable=nullable)
+
+
+def _created_updated() -> list[Column[object]]:
+    return [
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    ]
+
+
+metadata = MetaData()
+
+photos = Table(
+    "photos",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("album_id", Uuid, nullable=False, index=True),
+    Column("original_key", Text, nullable=False, unique=True),
+    Column("processing_state", Text, nullable=False, server_default=text("'uploaded'")),
+    Column("visibility", Text, nullable=False, server_default=text("'unpublished'")),
+    _timestamp("published_at"),
+    Column("width", Integer),
+    Column("height", Integer),
+    Column("error_code", Text),
+    Column("entity_version", Integer, nullable=False, server_default=text("1")),
+    # The published picture's placeholder (migration 0006): base64 ThumbHash and "#rrggbb".
+    Column("thumbhash", Text),
+    Column("average_color", Text),
+    # The recipe version of its published variants (migration 0007).
+    Column("variant_version", Integer),
+    *_created_updated(),
+    CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
+    CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
+    CheckConstraint(one_of("error_code", ERROR_CODES), name="photos_error_code_check"),
+    CheckConstraint("average_color ~ '^#[0-9a-f]{6}$'", name="photos_average_color_check"),
+)
+
+photo_variants = Table(
+    "photo_variants",
+    metadata,
+    Column("photo_id", Uuid, ForeignKey("photos.id", ondelete="CASCADE"), primary_key=True),
+    Column("kind", Text, primary_key=True),
+    Column("storage_key", Text, nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("height", Integer, nullable=False),
+    Column("bytes", Integer, nullable=False),
+    Column("content_type", Text, nullable=False),
+    Column("variant_version", Integer, nullable=False),
+    *_created_updated(),
+    CheckConstraint(one_of("kind", VARIANT_KINDS), name="photo_variants_kind_check"),
+)
+
+photo_jobs = Table(
+    "photo_jobs",
+    metadata,
+    Column("photo_id", Uuid, ForeignKey("photos.id", ondelete="CASCADE"), primary_key=True),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    _timestamp("next_retry_at"),
+    _timestamp("claimed_at"),
+    _timestamp("enqueued_at"),
+    Column("last_error_code", Text),
+    # Set while a final failure's dead letter has not been accepted by the queue (SPEC 5).
+    _timestamp("dead_letter_owed_at"),
+    # The newest upload of the original that reached this job (S3's sequencer, zero-padded so that
+    # text order is upload order, and its eTag).
+    Column("upload_sequencer", Text),
+    Column("upload_etag", Text),
+    _timestamp("failed_at"),
+    # A backfill's mark: re-render the published photo at this recipe version (SPEC 14).
+    Column("rerender_to", Integer),
+    *_created_updated(),
+    CheckConstraint(one_of("status", JOB_STATUSES), name="photo_jobs_status_check"),
+    CheckConstraint(one_of("last_error_code", ERROR_CODES), name="photo_jobs_last_error_code_check"),
+    CheckConstraint("attempt >= 0", name="photo_jobs_attempt_check"),
+    # The sweep's two scans (migration 0002): oldest due pending first, oldest active claim first.
+    Index(
+        "photo_jobs_pending_due_idx",
+        text("coalesce(next_retry_at, created_at)"),
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index("photo_jobs_active_claimed_idx", "claimed_at", postgresql_where=text("status = 'active'")),
+    # Published photos marked for a re-render that the sweep has not sent yet (migration 0007).
+    Index(
+        "photo_jobs_rerender_idx",
+        "photo_id",
+        postgresql_where=text("rerender_to IS NOT NULL AND status = 'done'"),
+    ),
+    # Dead letters owed (migration 0003): the sweep finds them without reading finished jobs.
+    Index(
+        "photo_jobs_dead_letter_owed_idx",
+        "dead_letter_owed_at",
+        postgresql_where=text("dead_letter_owed_at IS NOT NULL"),
+    ),
+)
+
+# What VARIANT_VERSION `version` means: the fingerprint of everything that decides the bytes.
+variant_recipes = Table(
+    "variant_recipes",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("recipe", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("version >= 1", name="variant_recipes_version_check"),
+)
+
+# A replaced version's object, deleted by the sweep once `delete_after` has passed.
+retired_variants = Table(
+    "retired_variants",
+    metadata,
+    Column("storage_key", Text, primary_key=True),
+    Column("photo_id", Uuid, nullable=False),
+    _timestamp("delete_after", nullable=False),
+    Index("retired_variants_due_idx", "delete_after"),
+)
+
+outbox_events = Table(
+    "outbox_events",
+    metadata,
+    Column("id", Uuid, primary_key=True, server_default=func.gen_random_uuid()),
+    Column("aggregate_type", Text, nullable=False),
+    Column("aggregate_id", Uuid, nullable=False, index=True),
+    Column("event_type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    _timestamp("published_at"),
+    # A relay reads the unpublished events in order; published ones leave the index.
+    Index("outbox_events_unpublished_idx", "created_at", postgresql_where=text("published_at IS NULL")),
+    # Migration 0005: a photo's waiting events (the relay's per-photo order, the hand-off), and
+    # the published rows past their retention.
+    Index(
+        "outbox_events_unpublished_photo_idx",
+        "aggregate_id",
+        "created_at",
+        postgresql_where=text("published_at IS NULL"),
+    ),
+    Index("outbox_events_published_idx", "published_at", postgresql_where=text("published_at IS NOT NULL")),
+)
