@@ -193,6 +193,7 @@ class Turns:
             return
         if self.file is not None and time.perf_counter() - self.since > LOCK_SECONDS:
             self.release()
+            time.sleep(1)  # flock is not fair: a waiter must have the time to take it
         if self.file is None:
             import fcntl
 
