@@ -37,9 +37,9 @@ RSS "at" a point is a window's median: photos 51-150 against the last 100, or fo
 photos 51-100 against the last 50; a run under 150 photos has no verdict. The medians per 100 (50)
 photos, the least-squares slope from photo 100 on and the peak (VmHWM) are printed beside them.
 
-BENCH_RENDERS sets the photos per setting (default 200, about 7 minutes for the 6 settings on
-2 cores; the issue's target is for 1,000, about 35 minutes); BENCH_LOCK names a file to flock while
-rounds run (released every LOCK_SECONDS for the machine's other benchmarks);
+BENCH_RENDERS sets the photos per setting (default 200: 6 x 200 renders of 0.23-0.25 s, about 5
+minutes on 2 cores; the issue's target is for 1,000, about 24 minutes); BENCH_LOCK names a file to
+flock while rounds run (released every LOCK_SECONDS for the machine's other benchmarks);
 BENCH_LARGE_ROUNDS the rounds of the large images (default 3; the 600 MP PNG is measured once).
 Results go to .local/bench-results/memory.json (benchmarks/report.py plots them).
 """
