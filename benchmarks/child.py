@@ -1,7 +1,7 @@
 """One measurement in a fresh Python process: every Python peer of the benchmarks, written once.
 
     python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH]
-    python -m benchmarks.child over-time <renders> <every> <photo>...
+    python -m benchmarks.child over-time <trim-every> <photo>...
 
 The benchmarks (compare, heic, memory, report) start one interpreter per measurement through
 measure() below, so that a time or a peak of memory belongs to that measurement alone: nothing is
@@ -34,10 +34,13 @@ Peak memory is VmHWM from /proc/self/status, not getrusage's ru_maxrss: Linux ca
 over from the parent across fork and exec, so a child of a big benchmark process would report at
 least its parent's size.
 
-over-time: one process renders <renders> photos in a row, cycling through the photos, each read as
-a file stream with RenderOptions(), and samples its resident set (VmRSS) before the first, after
-the first, every <every>th and the last; it prints the samples and its peak. measure() does not set
-its environment: benchmarks.memory runs it with MALLOC_ARENA_MAX=2 and unset.
+over-time: one process renders photos in a row on demand, cycling through the photos, each read as
+a file stream with RenderOptions(): it prints its resident set (VmRSS) before the first, then for
+each line of stdin (a count N) renders the next N photos and prints one JSON line with each one's
+render time and VmRSS after it; at the end of stdin, its peak. With <trim-every> > 0 it calls
+photo_publish.memory.trim() after every that many photos (the process function trims once per
+batch), inside the photo's time. measure() does not set its environment: benchmarks.memory runs it
+once per allocator setting and feeds the processes in turn.
 """
 
 from __future__ import annotations
@@ -242,20 +245,29 @@ def one(peer: str, path: str, options: dict[str, str]) -> dict[str, Any]:
     return {"seconds": seconds, "peak_mb": status_mb("VmHWM"), **result}
 
 
-def over_time(renders: int, every: int, paths: list[str]) -> dict[str, Any]:
+def over_time(trim_every: int, paths: list[str]) -> dict[str, Any]:
+    """Render on demand: each line of stdin is a count of photos to render next; a JSON line answers it."""
+    from photo_publish.memory import trim
     from photo_publish.pipeline import RenderOptions, render
 
     options = RenderOptions()
-    samples = [{"photo": 0, "rss_mb": status_mb("VmRSS"), "seconds": 0.0}]
-    started = time.perf_counter()
-    for i in range(1, renders + 1):
-        with open(paths[(i - 1) % len(paths)], "rb") as stream:  # noqa: PTH123
-            render(stream, options)
-        if i in (1, renders) or i % every == 0:
-            samples.append(
-                {"photo": i, "rss_mb": status_mb("VmRSS"), "seconds": time.perf_counter() - started}
-            )
-    return {"samples": samples, "peak_mb": status_mb("VmHWM")}
+    with open("/proc/self/maps") as maps:  # noqa: PTH123
+        jemalloc = "libjemalloc" in maps.read()  # LD_PRELOAD took
+    print(json.dumps({"rss_mb": [status_mb("VmRSS")], "seconds": [0.0], "jemalloc": jemalloc}), flush=True)
+    done = 0
+    for line in sys.stdin:
+        rss, seconds = [], []
+        for _ in range(int(line)):
+            started = time.perf_counter()
+            with open(paths[done % len(paths)], "rb") as stream:  # noqa: PTH123
+                render(stream, options)
+            done += 1
+            if trim_every and done % trim_every == 0:
+                trim()  # as the process function does after each batch: its time is the render's
+            seconds.append(time.perf_counter() - started)
+            rss.append(status_mb("VmRSS"))
+        print(json.dumps({"rss_mb": rss, "seconds": seconds}), flush=True)
+    return {"peak_mb": status_mb("VmHWM")}
 
 
 def _options(args: list[str]) -> dict[str, str]:
@@ -276,7 +288,7 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit(__doc__)
     if argv[0] == "over-time":
-        result = over_time(int(argv[1]), int(argv[2]), argv[3:])
+        result = over_time(int(argv[1]), argv[2:])
     else:
         result = one(argv[0], argv[1], _options(argv[2:]))
     print(json.dumps(result))

@@ -17,7 +17,7 @@ costs least per photo, the one the template should default to, and from delivery
 
 Plots (part 7), PNG, written to docs/benchmarks/ (where the README shows them), from .local/bench-results/compare.json (benchmarks.compare) and memory.json
 (benchmarks.memory), whichever exist: compare.png (render time, peak memory and SSIM per photo and
-peer) and memory.png (RSS over 1,000 renders, MALLOC_ARENA_MAX=2 and unset).
+peer) and memory.png (RSS over BENCH_RENDERS renders per allocator setting).
 
 BENCH_ROUNDS sets the rounds of the cost timing (default 3, about a minute on 2 cores).
 """
@@ -170,7 +170,9 @@ def plot_memory(memory: dict[str, Any]) -> Path:
     axis.set_xlabel("photos rendered by one process")
     axis.set_ylabel("resident set (MB, VmRSS)")
     axis.set_ylim(bottom=0)
-    axis.set_title("memory over time: one process, 24/24-sideways/12-P3/8 MP JPEGs in turn")
+    axis.set_title(
+        "memory over time: one process per allocator setting, 24/24-sideways/12-P3/8 MP JPEGs in turn"
+    )
     axis.legend()
     figure.tight_layout()
     target = PLOTS / "memory.png"

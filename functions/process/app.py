@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from photo_publish import bootstrap
 from photo_publish.errors import PhotoError
 from photo_publish.events import is_s3_event
+from photo_publish.memory import trimmed
 from photo_publish.observability import logger, metrics
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ def record_handler(record: dict[str, Any], lambda_context: LambdaContext) -> Non
     )
 
 
+# Once per invocation, after the batch: the warm container's heap stays flat (issue 17).
+@trimmed
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

@@ -182,3 +182,21 @@ def test_a_direct_s3_event_that_must_be_retried_is_handed_to_the_queue(infra: In
     assert response == {"results": [{"photoId": str(PHOTO), "outcome": "retry"}]}
     (message,) = infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=3)["Messages"]
     assert json.loads(message["Body"]) == {"Records": event["Records"]}
+
+
+def test_the_heap_is_trimmed_once_per_invocation_after_its_batch(
+    uploaded: None, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN an SQS batch for an uploaded photo, and glibc's malloc_trim recorded with what the
+    # database said when it was called
+    from photo_publish import memory
+
+    trims: list[tuple[int, tuple[Any, ...]]] = []
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: trims.append((pad, state(db))) or 1)
+
+    # WHEN the handler runs it
+    response = process.lambda_handler(load_event("sqs_job_message"), LambdaContext())
+
+    # THEN malloc_trim(0) ran once, after the photo was published (the batch's work done)
+    assert response == {"batchItemFailures": []}
+    assert trims == [(0, ("ready", 2, 1))]
