@@ -21,10 +21,10 @@ R = TypeVar("R")
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
     import ctypes  # here, not at import: a cold start needs it only after its first batch
-    import ctypes.util
 
     try:
-        function = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+        # The process' own symbols, libc's among them: ctypes.util.find_library would run ldconfig.
+        function = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     function.argtypes = [ctypes.c_size_t]
