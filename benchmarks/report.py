@@ -170,9 +170,7 @@ def plot_memory(memory: dict[str, Any]) -> Path:
     axis.set_xlabel("photos rendered by one process")
     axis.set_ylabel("resident set (MB, VmRSS)")
     axis.set_ylim(bottom=0)
-    axis.set_title(
-        "memory over time: one process per allocator setting, 24/24-sideways/12-P3/8 MP JPEGs in turn"
-    )
+    axis.set_title("memory over time, one process per allocator setting (corpus JPEGs in turn)")
     axis.legend()
     figure.tight_layout()
     target = PLOTS / "memory.png"
