@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pyvips
@@ -49,11 +50,7 @@ def photos() -> list[Path]:
         "Elephants-12MP-P3.jpg": lambda im: samples.profiled_jpeg(im.resize(4240 / im.width), "p3"),
         "Elephants-8MP.jpg": lambda im: im.resize(3460 / im.width).jpegsave_buffer(Q=90),
     }
-    for name, make in made.items():
-        path = CORPUS / name
-        if not path.exists():
-            path.write_bytes(bytes(make(pyvips.Image.new_from_file(str(source)).copy_memory())))
-    return [source, *(CORPUS / name for name in made)]
+    return [source, *_made(source, made)]
 
 
 def small_photos() -> list[Path]:
@@ -67,6 +64,11 @@ def small_photos() -> list[Path]:
         "Small-1.2MP.jpg": lambda im: im.resize(1460 / im.width).jpegsave_buffer(Q=85),
         "Small-1MP.jpg": lambda im: im.resize(1340 / im.width).jpegsave_buffer(Q=90),
     }
+    return _made(source, made)
+
+
+def _made(source: Path, made: dict[str, Callable[[pyvips.Image], bytes]]) -> list[Path]:
+    """Each photo made from `source` by its function, unless it is there already."""
     for name, make in made.items():
         path = CORPUS / name
         if not path.exists():
