@@ -233,6 +233,10 @@ class PhotoRepository:
                 "status": case((reopen, "pending"), else_=photo_jobs.c.status),
                 "attempt": case((reopen, 0), else_=photo_jobs.c.attempt),
                 "next_retry_at": case((reopen, None), else_=photo_jobs.c.next_retry_at),
+                # A letter still owed for the failure this upload replaces is dropped with it: the
+                # photo has its attempts again (and the letter, read with the job's next code, would
+                # page for whatever happens next, even a permanent failure).
+                "dead_letter_owed_at": case((reopen, None), else_=photo_jobs.c.dead_letter_owed_at),
                 "upload_sequencer": sequencer,
                 "upload_etag": etag,
                 "updated_at": func.now(),

@@ -224,6 +224,28 @@ def test_only_a_newer_upload_reopens_a_failed_job(
     assert job(db, photo_id)[:2] == (("pending", 0) if reopens else ("failed", 3))
 
 
+def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_it_replaced(
+    db: Engine,
+) -> None:
+    # GIVEN a job failed for good whose dead letter the queue refused (still owed)
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.ensure_job(photo_id, upload=Upload(sequencer="0A", etag="etag-a"))
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    assert repository.fail(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    assert owed_at(db, photo_id) is not None
+
+    # WHEN a newer upload reopens it
+    repository.ensure_job(photo_id, upload=Upload(sequencer="0B", etag="etag-b"))
+
+    # THEN the letter is owed no more: the failure it spoke of was given its attempts again (else,
+    # read with the job's new code, it would page for the next failure, even a permanent one: the
+    # state machine found that)
+    assert owed_at(db, photo_id) is None
+    assert repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS) == Claimed(1)
+    assert repository.fail(photo_id, 1, ErrorCode.DECODE_FAILED)
+    assert repository.take_owed_dead_letter(photo_id, lease_seconds=0) is None
+
+
 def test_a_job_message_never_reopens_a_failed_job(db: Engine) -> None:
     repository, photo_id = PhotoRepository(db), new_photo(db)
     set_job(db, photo_id, status="failed", attempt=3, last_error_code="DECODE_FAILED")
