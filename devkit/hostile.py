@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit import samples
+from photo_publish.heic import walk_boxes
 
 # --- PNG -------------------------------------------------------------------------------------------
 
@@ -324,20 +325,6 @@ def _full_box(kind: bytes, version: int, flags: int, payload: bytes) -> bytes:
     return _box(kind, bytes([version]) + flags.to_bytes(3, "big") + payload)
 
 
-def _boxes(data: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[bytes, int, int]]:
-    """(type, payload start, payload end) of the boxes in data[start:end]."""
-    end = len(data) if end is None else end
-    while start + 8 <= end:
-        size, kind = struct.unpack_from(">I4s", data, start)
-        header = 8
-        if size == 1:
-            size, header = struct.unpack_from(">Q", data, start + 8)[0], 16
-        elif size == 0:
-            size = end - start
-        yield kind, start + header, start + size
-        start += size
-
-
 @dataclass(frozen=True)
 class CodedPicture:
     """One coded picture of a HEIF file: its item type, its decoder configuration box, its size and data."""
@@ -350,25 +337,27 @@ class CodedPicture:
 
 def coded_picture(heif: bytes) -> CodedPicture:
     """The primary picture of a single-picture HEIF (no grid), as an encoder wrote it."""
-    (meta_start, meta_end) = next((s, e) for kind, s, e in _boxes(heif) if kind == b"meta")
-    children = {kind: (s, e) for kind, s, e in _boxes(heif, meta_start + 4, meta_end)}
+    (meta_start, meta_end) = next((s, e) for kind, s, e in walk_boxes(heif, 0, len(heif)) if kind == b"meta")
+    children = {kind: (s, e) for kind, s, e in walk_boxes(heif, meta_start + 4, meta_end)}
     primary = struct.unpack_from(">H", heif, children[b"pitm"][0] + 4)[0]
     item_type = b""
     start, end = children[b"iinf"]
     version = heif[start]
     first = start + 4 + (2 if version == 0 else 4)
-    for kind, s, _ in _boxes(heif, first, end):
+    for kind, s, _ in walk_boxes(heif, first, end):
         if kind == b"infe" and struct.unpack_from(">H", heif, s + 4)[0] == primary:
             item_type = heif[s + 8 : s + 12]
     data = _iloc_data(heif, *children[b"iloc"], primary)
-    properties = [(kind, s - 8, e) for kind, s, e in _boxes(heif, *_child(heif, *children[b"iprp"], b"ipco"))]
+    properties = [
+        (kind, s - 8, e) for kind, s, e in walk_boxes(heif, *_child(heif, *children[b"iprp"], b"ipco"))
+    ]
     config = next(heif[s:e] for kind, s, e in properties if kind in (b"hvcC", b"av1C"))
     ispe = next(heif[s + 12 : e] for kind, s, e in properties if kind == b"ispe")
     return CodedPicture(item_type, config, struct.unpack(">II", ispe), data)
 
 
 def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int]:
-    return next((s, e) for k, s, e in _boxes(data, start, end) if k == kind)
+    return next((s, e) for k, s, e in walk_boxes(data, start, end) if k == kind)
 
 
 def _iloc_data(data: bytes, start: int, end: int, item: int) -> bytes:

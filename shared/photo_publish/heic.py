@@ -164,7 +164,7 @@ def check_canvas(data: bytes | bytearray) -> None:
                 )
 
 
-def _boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+def walk_boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
     """(type, payload start, payload end) of the boxes in data[start:end]; stops at a broken one."""
     while start + 8 <= end:
         size, kind = struct.unpack_from(">I4s", data, start)
@@ -181,7 +181,7 @@ def _boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[byte
 
 def _children(data: bytes | bytearray, start: int, end: int) -> dict[bytes, tuple[int, int]]:
     found: dict[bytes, tuple[int, int]] = {}
-    for kind, s, e in _boxes(data, start, end):
+    for kind, s, e in walk_boxes(data, start, end):
         found.setdefault(kind, (s, e))
     return found
 
@@ -195,7 +195,7 @@ def _meta(data: bytes | bytearray) -> dict[bytes, tuple[int, int]] | None:
 def _infes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[int, bytes, bytes]]:
     """Each item's id, type and the bytes of its names (NUL-terminated), from the `iinf` box."""
     first = start + 4 + (2 if data[start] == 0 else 4)
-    for kind, s, e in _boxes(data, first, end):
+    for kind, s, e in walk_boxes(data, first, end):
         if kind != b"infe":
             continue
         version = data[s]
@@ -273,7 +273,7 @@ def _item_data(data: bytes | bytearray, boxes: dict[bytes, tuple[int, int]], ite
 def _ispe(data: bytes | bytearray, boxes: dict[bytes, tuple[int, int]], item: int) -> tuple[int, int] | None:
     """The item's `ispe` (image spatial extents), through the property associations of `iprp`."""
     iprp = _children(data, *boxes[b"iprp"])
-    properties = list(_boxes(data, *iprp[b"ipco"]))
+    properties = list(walk_boxes(data, *iprp[b"ipco"]))
     start, end = iprp[b"ipma"]
     version, wide_index = data[start], data[start + 3] & 1
     entries = struct.unpack_from(">I", data, start + 4)[0]
