@@ -36,8 +36,8 @@ from benchmarks.delivery import moto_process
 from devkit import handlers, samples, stack, uploads
 from devkit.demo import BUCKET, STAGE, Stack, start_stack
 from devkit.poller import LambdaContext, Poller
+from photo_publish.adapters.models import Photo, PhotoJob, PhotoVariant
 from photo_publish.keys import original_key, variant_key
-from photo_publish.models import Photo, PhotoJob, PhotoVariant
 
 BACKFILL_PHOTOS = int(os.environ.get("BENCH_BACKFILL_PHOTOS", "2000"))
 UPLOADS = int(os.environ.get("BENCH_BACKFILL_UPLOADS", "60"))
@@ -110,7 +110,8 @@ def phase(local: Stack, original: bytes, *, batch: int | None) -> dict[str, Any]
     """Uploads (and, with a batch, a backfill of the seeded photos at that rate) until the uploads are
     published, or, for the heavy phase, until the backfill is done too."""
     # Imported after start_stack: the functions' Logger and Metrics read its environment.
-    from photo_publish import backfill, bootstrap
+    from photo_publish import bootstrap
+    from photo_publish.jobs import backfill
 
     if batch is not None:
         os.environ["BACKFILL_BATCH_SIZE"] = str(batch)

@@ -15,15 +15,15 @@ body held in memory; --stream: not at all, the render reads the file as a stream
 peer's imports, then times the peer's run alone (not the interpreter's start, the read or the
 imports), then writes the browse to --browse-to if asked, then reads its peak resident memory.
 Peers:
-- photo-publish: render(stream, RenderOptions()) from shared/photo_publish/pipeline.py (pyvips);
+- photo-publish: render(stream, RenderOptions()) from shared/photo_publish/image/pipeline.py (pyvips);
   --max-pixels raises or lowers its pixel limit; a refusal (PhotoError) is the outcome, its code;
 - pyvips-2dec: pyvips making each variant from the original, thumbnail_buffer() then WebP Q80
   (libvips' default effort), cache off: what the original worker did with sharp, on this libvips;
 - pillow: draft mode (a JPEG decodes at the smallest 1/2^n scale still >= 2048), exif_transpose,
   LANCZOS thumbnail() to 2048 and from that to 400, WebP quality 80 method 4, the decompression-bomb
   limit lifted (the large images are measured on purpose);
-- heic-decode: photo_publish.heic.decoded(), pi-heif's decode of the primary image alone (pixels);
-- imports: photo_publish.pipeline imported (pyvips, photo_publish.heic), nothing run: the floor
+- heic-decode: photo_publish.image.heic.decoded(), pi-heif's decode of the primary image alone (pixels);
+- imports: photo_publish.image.pipeline imported (pyvips, photo_publish.image.heic), nothing run: the floor
   under the pipeline's peaks;
 - imports+pi_heif: the same, and `import pi_heif` (and Pillow with it) is what is timed: the
   floor under a HEIC's peaks, and the import the first HEIC of a container pays.
@@ -38,7 +38,7 @@ over-time: one process renders photos in a row on demand, cycling through the ph
 a file stream with RenderOptions(): it prints its resident set (VmRSS) before the first, then for
 each line of stdin (a count N) renders the next N photos and prints one JSON line with each one's
 render time and VmRSS after it; at the end of stdin, its peak. With <trim-every> > 0 it calls
-photo_publish.memory.trim() after every that many photos (the process function trims once per
+photo_publish.image.memory.trim() after every that many photos (the process function trims once per
 batch), inside the photo's time. measure() does not set its environment: benchmarks.memory runs it
 once per allocator setting and feeds the processes in turn.
 """
@@ -123,7 +123,7 @@ def _variants(outputs: dict[str, bytes], browse_size: tuple[int, int]) -> dict[s
 
 def photo_publish(data: bytes | None, path: str, options: dict[str, str]) -> Run:
     from photo_publish.errors import PhotoError
-    from photo_publish.pipeline import RenderOptions, render
+    from photo_publish.image.pipeline import RenderOptions, render
 
     limit = options.get("max-pixels")
     render_options = RenderOptions() if limit is None else RenderOptions(max_input_pixels=int(limit))
@@ -188,7 +188,7 @@ def pillow(data: bytes | None, path: str, options: dict[str, str]) -> Run:
 
 
 def heic_decode(data: bytes | None, path: str, options: dict[str, str]) -> Run:
-    from photo_publish import heic
+    from photo_publish.image import heic
 
     if data is None:
         raise SystemExit("heic-decode decodes bytes: no --stream")
@@ -201,13 +201,13 @@ def heic_decode(data: bytes | None, path: str, options: dict[str, str]) -> Run:
 
 
 def imports(data: bytes | None, path: str, options: dict[str, str]) -> Run:
-    import photo_publish.pipeline  # noqa: F401
+    import photo_publish.image.pipeline  # noqa: F401
 
     return lambda: {"outcome": "imports only"}
 
 
 def imports_pi_heif(data: bytes | None, path: str, options: dict[str, str]) -> Run:
-    import photo_publish.pipeline  # noqa: F401
+    import photo_publish.image.pipeline  # noqa: F401
 
     def run() -> dict[str, Any]:
         import pi_heif  # noqa: F401
@@ -247,8 +247,8 @@ def one(peer: str, path: str, options: dict[str, str]) -> dict[str, Any]:
 
 def over_time(trim_every: int, paths: list[str]) -> dict[str, Any]:
     """Render on demand: each line of stdin is a count of photos to render next; a JSON line answers it."""
-    from photo_publish.memory import trim
-    from photo_publish.pipeline import RenderOptions, render
+    from photo_publish.image.memory import trim
+    from photo_publish.image.pipeline import RenderOptions, render
 
     options = RenderOptions()
     with open("/proc/self/maps") as maps:  # noqa: PTH123

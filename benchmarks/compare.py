@@ -3,7 +3,7 @@
 Each measurement is a fresh process that renders one photo of the corpus (benchmarks/corpus.py,
 8 to 24 MP JPEGs): thumb fitting 400x400, browse with a long edge of 2048, never upscaled, WebP
 quality 80, no metadata kept. The peers, run as A B C D E F A B C D E F ... for ROUNDS rounds:
-- photo-publish: shared/photo_publish/pipeline.py, render(stream, RenderOptions());
+- photo-publish: shared/photo_publish/image/pipeline.py, render(stream, RenderOptions());
 - pyvips-2dec: the original worker's two pipelines on this very libvips, in-process: pyvips making
   each variant from the original (thumbnail_buffer, WebP at libvips' default effort 4). No target:
   it tells what the pipeline's design gains from what a newer libvips gives (sharp bundles its own,

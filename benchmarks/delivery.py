@@ -22,7 +22,7 @@ the same traits (`small`). For each, per round, after one warm-up batch of every
               (the functions' defaults).
   Each peer is the same handler with its own warm clients and pool (bootstrap's objects built once
   per peer, swapped in for its turn).
-- render: the same photos' bytes rendered in this process by photo_publish.pipeline.render, two
+- render: the same photos' bytes rendered in this process by photo_publish.image.pipeline.render, two
   at a time (a thread pool of 2), with the handler's options: the delivery's rendering alone.
 - sharp: the original worker's core, sharp on Node.js rendering the same photos with two
   pipelines each, two jobs at a time (BullMQ's concurrency 2), one warm process per round
@@ -67,7 +67,7 @@ from devkit import handlers, stack, uploads
 from devkit.demo import BUCKET, STAGE, Stack, start_stack
 from devkit.faultproxy import database_through, database_upstream, latency_proxy
 from devkit.poller import LambdaContext, sqs_event
-from photo_publish.pipeline import RenderOptions, render
+from photo_publish.image.pipeline import RenderOptions, render
 from photo_publish.settings import Settings
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
@@ -389,7 +389,7 @@ def bench() -> Iterator[Bench]:
         }
         # After start_stack: the functions' Logger and Metrics read its environment when imported.
         process = handlers.load("process")
-        from photo_publish.service import render_options
+        from photo_publish.publish.service import render_options
 
         steps = Steps()
         function_logger = logging.getLogger(os.environ["POWERTOOLS_SERVICE_NAME"])

@@ -27,7 +27,7 @@ from typing import Any
 from benchmarks import child
 from devkit import hostile
 from devkit.stack import ROOT
-from photo_publish.pipeline import RenderOptions
+from photo_publish.image.pipeline import RenderOptions
 
 CORPUS = ROOT / ".local" / "hostile-corpus"
 RESULTS = ROOT / ".local" / "bench-results"

@@ -26,7 +26,7 @@ every setting within the same minute or two: a setting's time ratio is the media
 of its round's time over the default's. The settings:
 - default (arenas 2): MALLOC_ARENA_MAX=2 alone, as before this issue; default again: the same in a
   second process, the control (what a time ratio reads between two processes of one setting);
-- trim per batch of 5: photo_publish.memory.trim() (malloc_trim(0)) after every 5th photo, timed
+- trim per batch of 5: photo_publish.image.memory.trim() (malloc_trim(0)) after every 5th photo, timed
   with that photo, as the process function trims once per invocation of the template's BatchSize 5;
   trim per 4 batches: after every 20th;
 - mmap 256K; mmap 1M, trim 2M: glibc's thresholds fixed (which also stops their growth: glibc

@@ -2,8 +2,8 @@
 
 One process, as a warm Lambda container: each corpus photo (benchmarks/corpus.py, 8 to 24 MP JPEGs)
 is rendered once to warm up, then ROUNDS rounds of, per photo in turn:
-- render: shared/photo_publish/pipeline.py's render(stream, RenderOptions()) from the file, timed;
-- placeholder: photo_publish.thumbhash.placeholder(browse), REPEATS times, each timed: the browse
+- render: shared/photo_publish/image/pipeline.py's render(stream, RenderOptions()) from the file, timed;
+- placeholder: photo_publish.image.thumbhash.placeholder(browse), REPEATS times, each timed: the browse
   image made as the pipeline makes it (decoded once at long edge 2048, in sRGB, in memory), shrunk
   to fit 100x100 with libvips, hashed and averaged; and its parts apart (the shrink; the hash; the
   colour).
@@ -35,8 +35,8 @@ import pyvips
 from benchmarks import child
 from benchmarks.corpus import photos
 from devkit.stack import ROOT
-from photo_publish import thumbhash
-from photo_publish.pipeline import RenderOptions, render
+from photo_publish.image import thumbhash
+from photo_publish.image.pipeline import RenderOptions, render
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 REPEATS = 5
@@ -48,7 +48,7 @@ NUMPY_IMPORT = "import json, time; t = time.perf_counter(); import numpy; print(
 FIRST_PLACEHOLDER = """
 import json, sys, time
 import pyvips
-from photo_publish import pipeline, thumbhash
+from photo_publish.image import pipeline, thumbhash
 browse = pyvips.Image.thumbnail(sys.argv[1], 2048, height=2048, size="down").copy_memory()
 assert "numpy" not in sys.modules, "numpy is imported before the first placeholder"
 times = []

@@ -42,10 +42,10 @@ from sqlalchemy import Engine, event, text
 
 from devkit import stack
 from devkit.stack import ROOT
-from photo_publish.database import create_database_engine
+from photo_publish.adapters.database import create_database_engine
 from photo_publish.errors import ErrorCode
+from photo_publish.jobs.sweep import Sweeper
 from photo_publish.settings import Settings
-from photo_publish.sweep import Sweeper
 
 SIZES = (10_000, 1_000_000)
 ROUNDS = 7

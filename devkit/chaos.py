@@ -138,7 +138,8 @@ class Chaos:
 
 def install(chaos: Chaos) -> None:
     """Wrap the real adapters (class attributes: bootstrap builds them as it always does)."""
-    from photo_publish import repository, service, storage
+    from photo_publish.adapters import storage
+    from photo_publish.publish import repository, service
 
     repository.PhotoRepository.claim = _before_claim(chaos, repository.PhotoRepository.claim)  # type: ignore[method-assign]
     service.render = _while_rendering(chaos, service.render)  # type: ignore[attr-defined]

@@ -27,8 +27,8 @@ from sqlalchemy import Engine, func, select
 
 from devkit import handlers, report, samples, stack, uploads
 from devkit.poller import LambdaContext, Poller
-from photo_publish.database import create_database_engine
-from photo_publish.models import OutboxEvent, Photo
+from photo_publish.adapters.database import create_database_engine
+from photo_publish.adapters.models import OutboxEvent, Photo
 from photo_publish.settings import Settings
 
 ROOT = stack.ROOT

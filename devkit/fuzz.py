@@ -83,7 +83,7 @@ class Finding(AssertionError):
 
 
 def options() -> Any:
-    from photo_publish.pipeline import RenderOptions
+    from photo_publish.image.pipeline import RenderOptions
 
     # The service's defaults (its limits among them), with the fuzzer's short deadline.
     return RenderOptions(render_timeout_seconds=DEADLINE_SECONDS)
@@ -92,7 +92,7 @@ def options() -> Any:
 def check(data: bytes, render_options: Any = None) -> str:
     """Render `data`; its outcome ("rendered WxH" or the code), or a Finding."""
     from photo_publish.errors import PhotoError
-    from photo_publish.pipeline import render
+    from photo_publish.image.pipeline import render
 
     chosen = render_options or options()
     started = time.monotonic()
@@ -199,7 +199,7 @@ def target(argv: list[str]) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["photo_publish"]):
-        import photo_publish.pipeline  # noqa: F401
+        import photo_publish.image.pipeline  # noqa: F401
 
     _measured["imports_mb"] = _resident_mb()
     # libFuzzer runs its argv[0] through the shell for its own child processes (-minimize_crash,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit import samples
-from photo_publish.heic import walk_boxes
+from photo_publish.image.heic import walk_boxes
 
 # --- PNG -------------------------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from uuid import UUID
 
 from sqlalchemy import Engine, select
 
-from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
-from photo_publish.thumbhash import thumbhash_to_png
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.image.thumbhash import thumbhash_to_png
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2rem; background: #f6f6f4; color: #222; }

@@ -53,7 +53,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from devkit import chaos, samples, soakcheck, stack, uploads
 from devkit.faultproxy import ProxyControl
-from photo_publish.database import sqlalchemy_url
+from photo_publish.adapters.database import sqlalchemy_url
 from photo_publish.keys import original_key
 from photo_publish.settings import Settings
 

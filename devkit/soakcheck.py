@@ -27,8 +27,8 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.errors import ErrorCode
-from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VARIANT_PHOTO = re.compile(r"/variants/([0-9a-f-]{36})/")

@@ -66,7 +66,7 @@ def database(data_dir: Path, name: str = "photos", *, keep: bool = True) -> Iter
         data_dir.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(data_dir, cleanup_mode="stop")
         base = server.get_uri()
-    from photo_publish.database import sqlalchemy_url
+    from photo_publish.adapters.database import sqlalchemy_url
 
     admin = create_engine(sqlalchemy_url(base), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:

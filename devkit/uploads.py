@@ -10,8 +10,8 @@ from uuid import UUID
 
 from sqlalchemy import Engine, insert
 
+from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.keys import original_key
-from photo_publish.models import Photo, PhotoJob
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine
 
-from photo_publish.database import sqlalchemy_url
+from photo_publish.adapters.database import sqlalchemy_url
 
 url = context.config.get_main_option("sqlalchemy.url") or os.environ.get("DATABASE_URL")
 if not url:

@@ -24,7 +24,7 @@ import json, resource, sys, time
 cap = int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))  # first, before libvips starts a thread
 from photo_publish.errors import PhotoError
-from photo_publish.pipeline import RenderOptions, render
+from photo_publish.image.pipeline import RenderOptions, render
 options = RenderOptions(**json.loads(sys.argv[2]))
 started = time.monotonic()
 with open(sys.argv[1], "rb") as stream:

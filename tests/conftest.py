@@ -21,7 +21,7 @@ os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
 from devkit import stack
 from photo_publish import bootstrap
-from photo_publish.database import create_database_engine
+from photo_publish.adapters.database import create_database_engine
 from photo_publish.settings import Settings
 
 EVENTS = Path(__file__).parent / "events"

@@ -18,7 +18,8 @@ import time
 
 from devkit import handlers
 from devkit.poller import Poller
-from photo_publish import bootstrap, heic
+from photo_publish import bootstrap
+from photo_publish.image import heic
 
 
 def main() -> None:

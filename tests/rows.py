@@ -7,7 +7,7 @@ from uuid import UUID
 
 from sqlalchemy import Engine, select
 
-from photo_publish.models import Photo, PhotoJob
+from photo_publish.adapters.models import Photo, PhotoJob
 
 
 def photo(db: Engine, photo_id: UUID) -> tuple[str, str | None, int]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from photo_publish.thumbhash import RGBAImage
+from photo_publish.image.thumbhash import RGBAImage
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.1.1"  # the latest release, the same code as evanw/thumbhash's js/thumbhash.js

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from photo_publish import bootstrap
 from photo_publish.errors import PhotoError
 from photo_publish.events import is_s3_event
-from photo_publish.memory import trimmed
+from photo_publish.image.memory import trimmed
 from photo_publish.observability import logger, metrics
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
             event["Records"], remaining=lambda: context.get_remaining_time_in_millis() / 1000
         )
         return {"results": [{"photoId": str(r.photo_id), "outcome": r.outcome} for r in results]}
-    # Powertools' process_partial_response contract (photo_publish.delivery says why not its own).
+    # Powertools' process_partial_response contract (photo_publish.publish.delivery says why not its own).
     return bootstrap.batch_processor().process(
         event["Records"], lambda record: record_handler(record, context)
     )

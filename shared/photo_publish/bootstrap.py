@@ -21,8 +21,8 @@ import boto3
 from botocore.config import Config
 from sqlalchemy import Engine
 
-from photo_publish.database import create_database_engine
-from photo_publish.queue import SqsQueue
+from photo_publish.adapters.database import create_database_engine
+from photo_publish.adapters.queue import SqsQueue
 from photo_publish.settings import InvalidSettings, Settings
 
 if TYPE_CHECKING:
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from mypy_boto3_secretsmanager import SecretsManagerClient
     from mypy_boto3_sqs import SQSClient
 
-    from photo_publish.delivery import ConcurrentBatchProcessor, Delivery
-    from photo_publish.relay import Relay
-    from photo_publish.sweep import Sweeper
+    from photo_publish.jobs.sweep import Sweeper
+    from photo_publish.outbox.relay import Relay
+    from photo_publish.publish.delivery import ConcurrentBatchProcessor, Delivery
 
 # boto3 reads AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS /
 # AWS_ENDPOINT_URL_EVENTBRIDGE itself (LocalStack, MinIO, a local server), so nothing here knows
@@ -139,10 +139,10 @@ def queue() -> SqsQueue:
 
 @_Once
 def delivery(metrics: Metrics) -> Delivery:
-    from photo_publish.delivery import Delivery
-    from photo_publish.repository import PhotoRepository
-    from photo_publish.service import PhotoService
-    from photo_publish.storage import S3Store
+    from photo_publish.adapters.storage import S3Store
+    from photo_publish.publish.delivery import Delivery
+    from photo_publish.publish.repository import PhotoRepository
+    from photo_publish.publish.service import PhotoService
 
     config = settings()
     service = PhotoService(
@@ -157,7 +157,7 @@ def delivery(metrics: Metrics) -> Delivery:
 
 @_Once
 def handoff() -> Relay:
-    from photo_publish.relay import EventBridgeBus, Relay
+    from photo_publish.outbox.relay import EventBridgeBus, Relay
 
     config = settings()
     return Relay(engine(), EventBridgeBus(handoff_events_client(), config.event_bus_name), config)
@@ -165,7 +165,7 @@ def handoff() -> Relay:
 
 @_Once
 def relay() -> Relay:
-    from photo_publish.relay import EventBridgeBus, Relay
+    from photo_publish.outbox.relay import EventBridgeBus, Relay
 
     config = settings()
     if not config.event_bus_name:
@@ -175,15 +175,15 @@ def relay() -> Relay:
 
 @_Once
 def batch_processor() -> ConcurrentBatchProcessor:
-    from photo_publish.delivery import ConcurrentBatchProcessor
+    from photo_publish.publish.delivery import ConcurrentBatchProcessor
 
     return ConcurrentBatchProcessor(workers=settings().record_concurrency)
 
 
 @_Once
 def sweeper() -> Sweeper:
-    from photo_publish.storage import S3Store
-    from photo_publish.sweep import Sweeper
+    from photo_publish.adapters.storage import S3Store
+    from photo_publish.jobs.sweep import Sweeper
 
     config = settings()
     return Sweeper(engine(), queue(), config, store=S3Store(s3_client(), config.photo_bucket))

@@ -26,10 +26,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
+from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.adapters.queue import SqsQueue
 from photo_publish.events import MalformedMessage, from_sqs_body
 from photo_publish.keys import MalformedKey, parse_uuid
-from photo_publish.models import Photo, PhotoJob
-from photo_publish.queue import SqsQueue
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:
@@ -269,9 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _rerender(
     parser: argparse.ArgumentParser, args: argparse.Namespace, engine: Engine, settings: Settings
 ) -> dict[str, Any]:
-    from photo_publish import backfill
-    from photo_publish.recipes import Recipe
-    from photo_publish.repository import PhotoRepository
+    from photo_publish.image.recipes import Recipe
+    from photo_publish.jobs import backfill
+    from photo_publish.publish.repository import PhotoRepository
 
     if args.stop:
         return {"stopped": backfill.stop(engine)}

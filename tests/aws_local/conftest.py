@@ -25,7 +25,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from awslocal import postgres
 from devkit import stack
-from photo_publish.database import sqlalchemy_url
+from photo_publish.adapters.database import sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_PYTHON = ROOT / ".venv-tools" / "bin" / "python"

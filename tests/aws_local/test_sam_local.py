@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from awslocal import sockets
 from devkit import samples
-from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from tests.aws_local.conftest import (
     EVENTS,
     LOCAL_ENV,

@@ -14,8 +14,8 @@ from sqlalchemy import Engine, func, select, update
 from devkit import samples, uploads
 from devkit.poller import LambdaContext, sqs_event
 from photo_publish import operator
-from photo_publish.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
-from photo_publish.recipes import RecipeMismatch
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
+from photo_publish.image.recipes import RecipeMismatch
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.polling import poll_until, process
 

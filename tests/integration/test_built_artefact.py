@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import Engine, func, insert, select
 
 from devkit import poller, samples, stack, uploads
-from photo_publish.models import OutboxEvent, Photo, PhotoVariant
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoVariant
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.integration.test_template import ROOT, python312, tool, tool_env
 

@@ -13,15 +13,15 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 
 from devkit import samples, uploads
-from photo_publish.database import create_database_engine
+from photo_publish.adapters.database import create_database_engine
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.adapters.queue import SqsQueue
+from photo_publish.adapters.storage import OriginalStream, S3Store
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
-from photo_publish.models import OutboxEvent, Photo, PhotoJob
-from photo_publish.queue import SqsQueue
-from photo_publish.repository import PhotoRepository, PublishResult
-from photo_publish.service import Outcome, PhotoService, Result
+from photo_publish.publish.repository import PhotoRepository, PublishResult
+from photo_publish.publish.service import Outcome, PhotoService, Result
 from photo_publish.settings import Settings
-from photo_publish.storage import OriginalStream, S3Store
 from tests.conftest import BUCKET, STAGE, Infra
 
 WORKERS = 8

@@ -13,11 +13,11 @@ from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from devkit import stack
-from photo_publish.contracts import Placeholder
+from photo_publish.adapters.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
-from photo_publish.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
-from photo_publish.repository import (
+from photo_publish.outbox.contracts import Placeholder
+from photo_publish.publish.repository import (
     Claimed,
     Exhausted,
     NotClaimable,

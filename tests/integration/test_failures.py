@@ -19,10 +19,10 @@ from sqlalchemy import Engine, func, select, text, update
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
-from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.adapters.models import OutboxEvent, PhotoJob
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
-from photo_publish.models import OutboxEvent, PhotoJob
+from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
 from tests.polling import poll_until
@@ -132,7 +132,7 @@ def test_an_unexpected_error_while_rendering_is_retried(
     fast: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN the renderer failing once in a way nobody planned for (a bug, memory)
-    from photo_publish import service
+    from photo_publish.publish import service
 
     real, failures = service.render, []
 
@@ -476,7 +476,7 @@ def test_an_input_that_crashes_its_workers_is_failed_once_and_not_reopened_by_it
     infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN an upload whose render kills the run every time
-    from photo_publish import service
+    from photo_publish.publish import service
 
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise Crash

@@ -16,10 +16,10 @@ from botocore.config import Config
 from devkit import samples
 from devkit.faultproxy import ProxyControl
 from devkit.soak import fault_proxy
+from photo_publish.adapters.queue import SqsQueue
+from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.pipeline import RenderOptions, render
-from photo_publish.queue import SqsQueue
-from photo_publish.storage import S3Store
+from photo_publish.image.pipeline import RenderOptions, render
 from tests.conftest import BUCKET
 
 # The functions' own client settings (bootstrap). In botocore's Config `max_attempts` counts the

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, insert, select
 
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext
-from photo_publish.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.observability import logger
 from tests.conftest import BUCKET, Infra, load_event
 
@@ -189,7 +189,7 @@ def test_the_heap_is_trimmed_once_per_invocation_after_its_batch(
 ) -> None:
     # GIVEN an SQS batch for an uploaded photo, and glibc's malloc_trim recorded with what the
     # database said when it was called
-    from photo_publish import memory
+    from photo_publish.image import memory
 
     trims: list[tuple[int, tuple[Any, ...]]] = []
     monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: trims.append((pad, state(db))) or 1)

@@ -17,15 +17,15 @@ from sqlalchemy import Engine, select
 
 from devkit import samples, uploads
 from devkit.faultproxy import AWS_LATENCY, latency_proxy
-from photo_publish import pipeline
-from photo_publish import service as service_module
+from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.adapters.queue import SqsQueue
+from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.events import PhotoRequest
-from photo_publish.models import Photo, PhotoJob
-from photo_publish.queue import SqsQueue
-from photo_publish.repository import PhotoRepository, PublishResult
-from photo_publish.service import Outcome, PhotoService
-from photo_publish.storage import S3Store
+from photo_publish.image import pipeline
+from photo_publish.publish import service as service_module
+from photo_publish.publish.repository import PhotoRepository, PublishResult
+from photo_publish.publish.service import Outcome, PhotoService
 from tests.conftest import BUCKET, STAGE, Infra
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg", "GreenMeadow.jpg")

@@ -30,11 +30,16 @@ from sqlalchemy.exc import OperationalError
 from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext
 from photo_publish import bootstrap
-from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload, PhotoPublishedPayload
-from photo_publish.database import create_database_engine
+from photo_publish.adapters.database import create_database_engine
+from photo_publish.adapters.models import OutboxEvent
 from photo_publish.errors import ErrorCode
-from photo_publish.models import OutboxEvent
-from photo_publish.relay import SOURCE, EventBridgeBus, Relay
+from photo_publish.outbox.contracts import (
+    PHOTO_FAILED,
+    PHOTO_PUBLISHED,
+    PhotoFailedPayload,
+    PhotoPublishedPayload,
+)
+from photo_publish.outbox.relay import SOURCE, EventBridgeBus, Relay
 from photo_publish.settings import InvalidSettings
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import PutEventsCall, aws_fails, connection_killed, put_events_refusing

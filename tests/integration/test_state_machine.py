@@ -31,15 +31,15 @@ from sqlalchemy import Engine, func, select, text
 from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext, sqs_event
 from photo_publish import bootstrap, operator
-from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
+from photo_publish.jobs.sweep import Sweeper
 from photo_publish.keys import Upload, parse_original_key
-from photo_publish.models import OutboxEvent, Photo, PhotoJob
-from photo_publish.repository import PhotoRepository
-from photo_publish.service import Outcome, PhotoService
+from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish.service import Outcome, PhotoService
 from photo_publish.settings import Settings
-from photo_publish.sweep import Sweeper
 from tests.conftest import STAGE, TABLES, load_event
 from tests.faults import aws_fails
 

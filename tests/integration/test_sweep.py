@@ -15,13 +15,13 @@ from sqlalchemy import Engine, func, insert, select, update
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap
-from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
-from photo_publish.database import create_database_engine
+from photo_publish.adapters.database import create_database_engine
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
+from photo_publish.adapters.queue import SqsQueue
+from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode
-from photo_publish.models import OutboxEvent, Photo, PhotoJob
-from photo_publish.queue import SqsQueue
-from photo_publish.storage import S3Store
-from photo_publish.sweep import Sweeper
+from photo_publish.jobs.sweep import Sweeper
+from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 

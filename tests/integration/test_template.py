@@ -32,9 +32,9 @@ from sqlalchemy import Engine, insert, make_url, select
 
 from devkit import handlers, samples
 from devkit.poller import LambdaContext
+from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.events import from_sqs_body
 from photo_publish.keys import original_key, variant_key
-from photo_publish.models import Photo, PhotoJob
 from photo_publish.settings import Settings
 from tests.conftest import Infra
 
@@ -528,7 +528,7 @@ def test_the_bus_is_the_stages_own_with_an_archive_and_the_functions_are_told_it
 
 
 def test_every_put_events_grant_is_for_the_relays_source_on_the_stacks_bus(stack: Stack) -> None:
-    from photo_publish.relay import SOURCE
+    from photo_publish.outbox.relay import SOURCE
 
     for role in ("ProcessRole", "RelayRole", "SweepRole"):
         for policy in stack.properties(role)["Policies"]:
@@ -604,7 +604,7 @@ class Definition:
 
 
 def _modules() -> dict[str, ast.Module]:
-    modules = {f"photo_publish.{p.stem}": ast.parse(p.read_text()) for p in PACKAGE.glob("*.py")}
+    modules = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
     for function in ("process", "sweep", "relay"):
         modules[f"{function}.app"] = ast.parse((ROOT / "functions" / function / "app.py").read_text())
     return modules
@@ -635,7 +635,13 @@ def _definitions() -> dict[tuple[str, str | None, str], Definition]:
 
 @cache
 def _module_names() -> frozenset[str]:
-    return frozenset(f"photo_publish.{p.stem}" for p in PACKAGE.glob("*.py"))
+    return frozenset(_module_name(p) for p in PACKAGE.rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    """photo_publish.jobs.sweep for shared/photo_publish/jobs/sweep.py (a package by its __init__)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _callees(

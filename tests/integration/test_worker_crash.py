@@ -29,7 +29,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from devkit import samples, stack, uploads
-from photo_publish.models import OutboxEvent, PhotoJob
+from photo_publish.adapters.models import OutboxEvent, PhotoJob
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.rows import photo
 

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, func, select
 
 from devkit import handlers, samples, uploads
 from devkit.poller import Handler
-from photo_publish.models import OutboxEvent
+from photo_publish.adapters.models import OutboxEvent
 from tests.conftest import BUCKET, STAGE, Infra
 
 process = handlers.load("process")

@@ -20,9 +20,9 @@ from sqlalchemy import Engine
 from devkit import stack, uploads
 from devkit.poller import Poller
 from photo_publish import bootstrap, operator
+from photo_publish.adapters.models import OutboxEvent
+from photo_publish.adapters.queue import SqsQueue, job_body
 from photo_publish.errors import ErrorCode
-from photo_publish.models import OutboxEvent
-from photo_publish.queue import SqsQueue, job_body
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 from tests.localstack.flow import (

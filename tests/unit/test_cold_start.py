@@ -29,7 +29,7 @@ ENVIRONMENT = {
 # (asyncio and 40 event types): what issue 17 took out of every cold start.
 NEVER_AT_COLD_START = {
     "sqlalchemy.orm",
-    "photo_publish.models",
+    "photo_publish.adapters.models",
     "aws_lambda_powertools.utilities.batch",
     "aws_lambda_powertools.utilities.data_classes",
 }

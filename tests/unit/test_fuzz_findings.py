@@ -17,9 +17,9 @@ import pytest
 import pyvips
 
 from devkit import hostile, samples
-from photo_publish import frames, heic
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.pipeline import RenderOptions, render
+from photo_publish.image import frames, heic
+from photo_publish.image.pipeline import RenderOptions, render
 from tests import capped
 
 FINDINGS = Path(__file__).resolve().parent.parent / "images" / "fuzz"

@@ -21,10 +21,10 @@ import pyvips
 from PIL import Image
 
 from devkit import hostile, samples
-from photo_publish import heic
+from photo_publish.adapters.storage import OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.pipeline import Rendered, RenderedVariant, RenderOptions, render
-from photo_publish.storage import OriginalStream
+from photo_publish.image import heic
+from photo_publish.image.pipeline import Rendered, RenderedVariant, RenderOptions, render
 from tests import capped
 from tests.readers import FailingReader, webp_chunks
 
@@ -381,7 +381,7 @@ def test_the_pipeline_imports_pi_heif_only_when_a_heic_arrives() -> None:
     # GIVEN a fresh interpreter
     code = (
         "import sys, io\n"
-        "from photo_publish.pipeline import render, RenderOptions\n"
+        "from photo_publish.image.pipeline import render, RenderOptions\n"
         "from devkit import samples\n"
         "assert 'pi_heif' not in sys.modules, 'imported with the pipeline'\n"
         "render(io.BytesIO((samples.IMAGES / 'Garden.jpg').read_bytes()), RenderOptions())\n"

@@ -1,4 +1,4 @@
-"""The heap trim the process function does once per invocation (photo_publish.memory)."""
+"""The heap trim the process function does once per invocation (photo_publish.image.memory)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import platform
 
 import pytest
 
-from photo_publish import memory
+from photo_publish.image import memory
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 

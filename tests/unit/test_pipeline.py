@@ -18,11 +18,11 @@ import pyvips
 from PIL import Image, ImageCms
 
 from devkit import hostile, samples
+from photo_publish.adapters.storage import OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.image.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.image.thumbhash import thumbhash_to_rgba
 from photo_publish.settings import Settings
-from photo_publish.storage import OriginalStream
-from photo_publish.thumbhash import thumbhash_to_rgba
 from tests import capped
 from tests.readers import FailingReader, webp_chunks
 

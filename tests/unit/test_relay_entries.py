@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from photo_publish.relay import MAX_CALL_BYTES, MAX_ENTRIES, SOURCE, Waiting, calls, entry, entry_size
+from photo_publish.outbox.relay import MAX_CALL_BYTES, MAX_ENTRIES, SOURCE, Waiting, calls, entry, entry_size
 from photo_publish.settings import InvalidSettings, Settings
 
 CREATED = datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from photo_publish.service import RenderGate
+from photo_publish.publish.service import RenderGate
 
 
 def test_a_record_alone_waits_for_those_inside_and_goes_before_those_that_come_after() -> None:

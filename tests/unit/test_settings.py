@@ -322,8 +322,8 @@ def test_the_render_gets_every_limit_the_settings_give() -> None:
     # GIVEN settings whose every render limit differs from the pipeline's own default
     from dataclasses import fields
 
-    from photo_publish.pipeline import RenderOptions
-    from photo_publish.service import render_options
+    from photo_publish.image.pipeline import RenderOptions
+    from photo_publish.publish.service import render_options
 
     defaults = RenderOptions()
     environ = REQUIRED | {

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
+from photo_publish.adapters.storage import READ_AHEAD, OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.storage import READ_AHEAD, OriginalStream
 
 
 class CountingBody(io.BytesIO):

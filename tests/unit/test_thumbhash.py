@@ -19,7 +19,7 @@ import pytest
 import pyvips
 
 from devkit import samples
-from photo_publish.thumbhash import (
+from photo_publish.image.thumbhash import (
     Placeholder,
     RGBAImage,
     average_color,
@@ -359,7 +359,7 @@ def test_the_placeholder_png_holds_the_decoded_pixels() -> None:
 def test_numpy_is_imported_by_the_first_placeholder_not_by_the_import() -> None:
     # GIVEN a fresh interpreter, as at a Lambda cold start
     code = (
-        "import sys, pyvips; from photo_publish import thumbhash; before = 'numpy' in sys.modules; "
+        "import sys, pyvips; from photo_publish.image import thumbhash; before = 'numpy' in sys.modules; "
         "thumbhash.placeholder(pyvips.Image.black(300, 200, bands=3)); print(before, 'numpy' in sys.modules)"
     )
 

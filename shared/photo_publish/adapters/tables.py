@@ -4,7 +4,7 @@ read and write them with Core statements on a Connection.
 Core, not the ORM: the functions never load an object graph, and `sqlalchemy.orm` adds about
 40 ms to SQLAlchemy Core's import under python3.12, paid by every cold start before its first
 record (issue 17).
-`photo_publish.models` maps typed ORM classes onto these same tables for the tools and tests.
+`photo_publish.adapters.models` maps typed ORM classes onto these same tables for the tools and tests.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from typing import Protocol
 
 import pyvips
 
-from photo_publish import frames, heic, thumbhash
-from photo_publish.contracts import Placeholder
 from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.image import frames, heic, thumbhash
 from photo_publish.keys import VariantKind
+from photo_publish.outbox.contracts import Placeholder
 
 # Loaders an upload may use (by libvips' nickname); everything else is refused from its header.
 ALLOWED_LOADERS = frozenset(

@@ -28,12 +28,12 @@ from sqlalchemy import (
     update,
 )
 
+from photo_publish.adapters.tables import outbox_events, photo_jobs, photos, retired_variants
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.observability import logger
-from photo_publish.repository import OwedDeadLetter, failed_event
+from photo_publish.publish.repository import OwedDeadLetter, failed_event
 from photo_publish.settings import Settings
-from photo_publish.tables import outbox_events, photo_jobs, photos, retired_variants
 
 
 class SweepQueue(Protocol):

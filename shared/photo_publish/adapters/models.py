@@ -1,4 +1,4 @@
-"""Typed ORM classes over the Core tables of `photo_publish.tables`, for the tools and the tests.
+"""Typed ORM classes over the Core tables of `photo_publish.adapters.tables`, for the tools and the tests.
 
 The functions do not import this module (their statements are Core, on a Connection): the ORM
 stays out of their cold start. The columns are the tables'; the annotations only type them.
@@ -12,7 +12,7 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped
 
-from photo_publish import tables
+from photo_publish.adapters import tables
 
 
 class Base(DeclarativeBase):

@@ -17,12 +17,12 @@ from uuid import UUID
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
+from photo_publish.image.pipeline import Readable, RenderOptions, render
+from photo_publish.image.recipes import Recipe
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
-from photo_publish.pipeline import Readable, RenderOptions, render
-from photo_publish.recipes import Recipe
-from photo_publish.relay import HandOff
-from photo_publish.repository import (
+from photo_publish.outbox.relay import HandOff
+from photo_publish.publish.repository import (
     Claimed,
     Exhausted,
     NotClaimable,

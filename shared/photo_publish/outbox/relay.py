@@ -25,10 +25,10 @@ from uuid import UUID
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy import Connection, Engine, delete, exists, func, select, tuple_, update
 
+from photo_publish.adapters.tables import outbox_events
 from photo_publish.budget import Remaining, forever
 from photo_publish.observability import logger
 from photo_publish.settings import Settings
-from photo_publish.tables import outbox_events
 
 if TYPE_CHECKING:
     from mypy_boto3_events import EventBridgeClient

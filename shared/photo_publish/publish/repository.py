@@ -34,7 +34,18 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from photo_publish.contracts import (
+from photo_publish.adapters.tables import (
+    outbox_events,
+    photo_jobs,
+    photo_variants,
+    photos,
+    retired_variants,
+    variant_recipes,
+)
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.image.recipes import Recipe, mismatch
+from photo_publish.keys import Upload
+from photo_publish.outbox.contracts import (
     PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
@@ -43,17 +54,6 @@ from photo_publish.contracts import (
     Placeholder,
     PublishedVariants,
     VariantRef,
-)
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.keys import Upload
-from photo_publish.recipes import Recipe, mismatch
-from photo_publish.tables import (
-    outbox_events,
-    photo_jobs,
-    photo_variants,
-    photos,
-    retired_variants,
-    variant_recipes,
 )
 
 # A second's tolerance for the clocks of the queue and the database (SPEC 5).

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from sqlalchemy import ColumnElement, Engine, func, select, true, update
 
-from photo_publish.models import Photo, PhotoJob
+from photo_publish.adapters.models import Photo, PhotoJob
 
 # What a photo costs to re-render, from `make bench` on this project's corpus (README, Benchmarks):
 # 0.58 s of one vCPU at 1769 MB, and Lambda's arm64 price per GB-second.

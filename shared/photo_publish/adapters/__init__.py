@@ -1,0 +1,1 @@
+"""The edges: S3, SQS, the database engine, the tables."""

@@ -1,0 +1,1 @@
+"""Events leave the database: the payloads (contracts) and the relay to EventBridge."""
