@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine
 
-from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.jobs import machine
 from photo_publish.keys import original_key
 
 
@@ -28,10 +28,7 @@ def register(
     upload_ = Upload(album_id or uuid.uuid4(), photo_id or uuid.uuid4(), "")
     key = original_key(stage, upload_.album_id, upload_.photo_id, file_name)
     with engine.begin() as connection:
-        connection.execute(
-            insert(Photo).values(id=upload_.photo_id, album_id=upload_.album_id, original_key=key)
-        )
-        connection.execute(insert(PhotoJob).values(photo_id=upload_.photo_id))
+        machine.register(connection, upload_.photo_id, upload_.album_id, key)
     return Upload(upload_.album_id, upload_.photo_id, key)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from uuid import UUID
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from photo_publish.adapters.models import Photo, PhotoJob
 
@@ -32,3 +32,23 @@ def job(db: Engine, photo_id: UUID) -> tuple[str, int, str | None]:
 
 def published(db: Engine, photo_id: UUID) -> Callable[[], bool]:
     return lambda: photo(db, photo_id)[0] == "ready"
+
+
+def in_state(**values: object) -> dict[str, object]:
+    """A test's direct write of a job's status, completed with what the table requires of that
+    status (SPEC 16's CHECKs): a claim time on an active job, a failure's time and code on a failed
+    one, nothing left over from another state. Given columns win."""
+    status = values.get("status")
+    if status is None:
+        return values
+    shape: dict[str, object] = {
+        "claimed_at": func.now() if status == "active" else None,
+        "failed_at": func.now() if status == "failed" else None,
+    }
+    if status == "failed":
+        shape["last_error_code"] = "UNEXPECTED_ERROR"
+    else:
+        shape["dead_letter_owed_at"] = None
+    if status != "pending":
+        shape |= {"next_retry_at": None, "enqueued_at": None}
+    return shape | values

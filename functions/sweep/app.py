@@ -26,6 +26,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         "backfillSent",
         "backfillLeft",
         "retiredDeleted",
+        # Rows or steps a run could not handle (logged): the run goes on, an alarm watches this.
+        "errors",
     ):
         metrics.add_metric(name=f"Sweep_{name}", unit=MetricUnit.Count, value=int(result[name]))
     return result

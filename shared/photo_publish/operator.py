@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from botocore.exceptions import BotoCoreError, ClientError
-from sqlalchemy import Engine, func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Engine, select
 
-from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.adapters.models import Photo
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.events import MalformedMessage, from_sqs_body
+from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, parse_uuid
 from photo_publish.settings import Settings
 
@@ -37,25 +37,10 @@ if TYPE_CHECKING:
 
 
 def reset_failed(engine: Engine, photo_ids: Sequence[UUID] | None) -> list[UUID]:
-    """Jobs of `processing_failed` photos (the given ones, or all) back to pending, attempt 0."""
-    failed = select(Photo.id).where(Photo.processing_state == "processing_failed")
-    if photo_ids is not None:
-        failed = failed.where(Photo.id.in_(photo_ids))
-    stmt = insert(PhotoJob).from_select(["photo_id"], failed)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[PhotoJob.photo_id],
-        # An active job is somebody's attempt right now: it is left to finish.
-        set_={
-            "status": "pending",
-            "attempt": 0,
-            "next_retry_at": None,
-            "enqueued_at": func.now(),
-            "updated_at": func.now(),
-        },
-        where=PhotoJob.status.in_(("failed", "pending")),
-    )
+    """The failed jobs of the given photos (or of every failed photo) back to pending, attempt 0,
+    any dead letter still owed for them taken back (SPEC 5: no page for a photo that is not failed)."""
     with engine.begin() as connection:
-        return list(connection.scalars(stmt.returning(PhotoJob.photo_id)))
+        return machine.retry(connection, photo_ids)
 
 
 def retry(engine: Engine, queue: SqsQueue, photo_ids: Sequence[UUID] | None) -> list[UUID]:
@@ -65,7 +50,7 @@ def retry(engine: Engine, queue: SqsQueue, photo_ids: Sequence[UUID] | None) -> 
     if unsent:
         # Left for the sweep: a pending row without a stamp is re-sent once it is due.
         with engine.begin() as connection:
-            connection.execute(update(PhotoJob).where(PhotoJob.photo_id.in_(unsent)).values(enqueued_at=None))
+            machine.unstamp(connection, list(unsent))
     return [photo_id for photo_id in reset if photo_id not in unsent]
 
 
@@ -132,7 +117,8 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
         states = dict(
             connection.execute(select(Photo.id, Photo.processing_state).where(Photo.id.in_(photo_ids))).all()
         )
-    # Failed photos were reset; uploaded ones still need a message; published ones need none.
+    # Failed jobs were reset (a published photo's is its re-render's, taken up again); uploaded
+    # photos still need a message; other published ones need none.
     to_send = [p for p in photo_ids if p in reset or states.get(p) == "uploaded"]
     # A photo with no row (an upload the API never registered) stays for a person to look at.
     unknown = {p for p in photo_ids if p not in states}

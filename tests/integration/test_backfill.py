@@ -147,9 +147,23 @@ def test_a_backfill_moves_every_photo_once_a_few_at_a_time_and_running_it_again_
     assert again == {"version": 2, "marked": 0}
     assert sweep()["backfillSent"] == 0
 
-    # WHEN the grace period has passed
+    # WHEN the grace period has passed since the commit, but not since consumers were told (the
+    # relay was down: the photo.variants_updated events are still in the outbox)
     with db.begin() as c:
         c.execute(update(RetiredVariant).values(delete_after=func.now() - func.make_interval(0, 0, 0, 1)))
+        c.execute(update(OutboxEvent).values(published_at=None))
+
+    # THEN nothing is deleted: the old keys are the only ones consumers know (issue 21, item b)
+    assert sweep()["retiredDeleted"] == 0
+
+    # WHEN the events left the outbox a grace period ago
+    with db.begin() as c:
+        c.execute(
+            update(OutboxEvent).values(
+                published_at=func.now()
+                - func.make_interval(0, 0, 0, 0, 0, 0, infra.settings.variant_grace_seconds + 1)
+            )
+        )
     deleted = sweep()["retiredDeleted"]
 
     # THEN the sweep deletes the old objects, and only them

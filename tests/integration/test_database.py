@@ -25,7 +25,7 @@ from photo_publish.publish.repository import (
     PhotoRepository,
     StoredVariant,
 )
-from tests.rows import job
+from tests.rows import in_state, job
 
 STALE, ATTEMPTS = 300, 3
 
@@ -43,7 +43,7 @@ def new_photo(db: Engine, *, job: bool = True) -> uuid.UUID:
 
 def set_job(db: Engine, photo_id: uuid.UUID, **values: object) -> None:
     with db.begin() as connection:
-        connection.execute(update(PhotoJob).where(PhotoJob.photo_id == photo_id).values(**values))
+        connection.execute(update(PhotoJob).where(PhotoJob.photo_id == photo_id).values(**in_state(**values)))
 
 
 PLACEHOLDER = Placeholder("1QcSHQRnh493V4dIh4eXh1h4kJUI", "#7d6a4f")
@@ -95,7 +95,11 @@ def test_every_error_code_is_accepted_by_the_check_and_nothing_else_is(db: Engin
     photo_id = new_photo(db)
     for code in ErrorCode:
         with db.begin() as connection:
-            connection.execute(update(Photo).where(Photo.id == photo_id).values(error_code=code.value))
+            connection.execute(
+                update(Photo)
+                .where(Photo.id == photo_id)
+                .values(processing_state="processing_failed", error_code=code.value)
+            )
     with pytest.raises(IntegrityError), db.begin() as connection:
         connection.execute(update(Photo).where(Photo.id == photo_id).values(error_code="SOMETHING_ELSE"))
 
@@ -197,7 +201,12 @@ BEFORE, AFTER = FAILED_AT - timedelta(seconds=30), FAILED_AT + timedelta(seconds
     [
         pytest.param(Upload("0A", "e1"), Upload("0A", "e1"), False, id="the-same-upload-again"),
         pytest.param(Upload("0A", "e1"), Upload("0B", "e2"), True, id="a-newer-upload"),
-        pytest.param(Upload("FF", "e1"), Upload("0100", "e2"), True, id="a-newer-longer-sequencer"),
+        # S3's rule: the shorter sequencer right-padded with zeros (issue 21, finding 4; left padding
+        # read "0B" as 000B, older than 0A01, and ignored the newer upload).
+        pytest.param(Upload("0A", "e1"), Upload("0A01", "e2"), True, id="a-newer-longer-sequencer"),
+        pytest.param(Upload("0A01", "e1"), Upload("0B", "e2"), True, id="a-newer-shorter-sequencer"),
+        pytest.param(Upload("0B", "e1"), Upload("0A01", "e2"), False, id="an-older-longer-sequencer"),
+        pytest.param(Upload("FF", "e1"), Upload("0100", "e2"), False, id="an-older-longer-sequencer-0100"),
         pytest.param(Upload("0B", "e2"), Upload("0A", "e1"), False, id="an-older-upload-late"),
         pytest.param(Upload(None, "e1"), Upload(None, "e1"), False, id="no-sequencer-same-etag"),
         pytest.param(Upload(None, "e1"), Upload(None, "e2"), True, id="no-sequencer-new-etag"),
@@ -270,7 +279,7 @@ def test_a_worker_whose_job_was_taken_over_changes_nothing_when_it_fails(db: Eng
     released = repository.release(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, 30)
 
     # THEN neither is recorded: the job and the photo are as the new owner holds them
-    assert (failed, released) == (False, False)
+    assert (failed, released) == (None, False)
     assert job(db, photo_id) == ("active", 2, None)
     with db.connect() as connection:
         assert connection.scalar(select(Photo.processing_state).where(Photo.id == photo_id)) == "uploaded"
@@ -378,8 +387,9 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
     repository, final, permanent = PhotoRepository(db), new_photo(db), new_photo(db)
     for photo_id in (final, permanent):
         repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
-    assert repository.fail(final, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
-    assert repository.fail(permanent, 1, ErrorCode.DECODE_FAILED)
+    failed_at = repository.fail(final, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    assert failed_at is not None
+    assert repository.fail(permanent, 1, ErrorCode.DECODE_FAILED) is not None
 
     # THEN only the final failure owes a dead letter, recorded with the failure itself
     assert owed_at(db, final) is not None
@@ -393,10 +403,10 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
     # WHEN its lease has passed, one taker gets it (a second gets the new lease's wait)
     set_job(db, final, dead_letter_owed_at=func.now() - timedelta(seconds=STALE + 1))
     taken = repository.take_owed_dead_letter(final, lease_seconds=STALE)
-    assert taken == OwedDeadLetter(final, 1, ErrorCode.STORAGE_READ_FAILED)
+    assert taken == OwedDeadLetter(final, 1, ErrorCode.STORAGE_READ_FAILED, failed_at)
     assert isinstance(repository.take_owed_dead_letter(final, lease_seconds=STALE), float)
 
     # AND once sent, nothing is owed
-    repository.dead_letter_sent([final])
+    repository.dead_letter_sent([taken])
     assert owed_at(db, final) is None
     assert repository.take_owed_dead_letter(final, lease_seconds=STALE) is None

@@ -24,6 +24,7 @@ from photo_publish.jobs.sweep import Sweeper
 from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
+from tests.rows import in_state
 
 MINUTE = timedelta(minutes=1)
 
@@ -41,7 +42,7 @@ def jobs(db: Engine, count: int, **values: Any) -> list[uuid.UUID]:
         )
         c.execute(insert(PhotoJob), [{"photo_id": i} for i in ids])
         if values:
-            c.execute(update(PhotoJob).where(PhotoJob.photo_id.in_(ids)).values(**values))
+            c.execute(update(PhotoJob).where(PhotoJob.photo_id.in_(ids)).values(**in_state(**values)))
     return ids
 
 
@@ -175,7 +176,7 @@ def test_stale_active_rows_are_re_sent_or_failed_with_worker_lost(infra: Infra, 
         c.execute(
             update(Photo)
             .where(Photo.id.in_(published))
-            .values(processing_state="ready", visibility="published")
+            .values(processing_state="ready", visibility="published", published_at=func.now())
         )
 
     # WHEN the sweep runs

@@ -74,6 +74,16 @@ photos = Table(
     CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
     CheckConstraint(one_of("error_code", ERROR_CODES), name="photos_error_code_check"),
     CheckConstraint("average_color ~ '^#[0-9a-f]{6}$'", name="photos_average_color_check"),
+    # What no state allows is unrepresentable (migration 0008, SPEC 16).
+    CheckConstraint(
+        "(processing_state = 'processing_failed') = (error_code IS NOT NULL)",
+        name="photos_error_code_state_check",
+    ),
+    CheckConstraint(
+        "(processing_state = 'ready') = (visibility = 'published')"
+        " AND (processing_state <> 'ready' OR published_at IS NOT NULL)",
+        name="photos_published_check",
+    ),
 )
 
 photo_variants = Table(
@@ -103,8 +113,8 @@ photo_jobs = Table(
     Column("last_error_code", Text),
     # Set while a final failure's dead letter has not been accepted by the queue (SPEC 5).
     _timestamp("dead_letter_owed_at"),
-    # The newest upload of the original that reached this job (S3's sequencer, zero-padded so that
-    # text order is upload order, and its eTag).
+    # The newest upload of the original that reached this job: S3's sequencer as sent (compared
+    # right-padded, AWS's rule) and its eTag.
     Column("upload_sequencer", Text),
     Column("upload_etag", Text),
     _timestamp("failed_at"),
@@ -114,6 +124,21 @@ photo_jobs = Table(
     CheckConstraint(one_of("status", JOB_STATUSES), name="photo_jobs_status_check"),
     CheckConstraint(one_of("last_error_code", ERROR_CODES), name="photo_jobs_last_error_code_check"),
     CheckConstraint("attempt >= 0", name="photo_jobs_attempt_check"),
+    # What no state allows is unrepresentable (migration 0008, SPEC 16): photo_publish.jobs.machine
+    # writes every row, and a transition that forgets a column fails here, loudly.
+    CheckConstraint(
+        "(status = 'active') = (claimed_at IS NOT NULL) AND (status <> 'active' OR attempt >= 1)",
+        name="photo_jobs_claimed_check",
+    ),
+    CheckConstraint(
+        "status = 'pending' OR (next_retry_at IS NULL AND enqueued_at IS NULL)",
+        name="photo_jobs_pending_check",
+    ),
+    CheckConstraint(
+        "(status = 'failed') = (failed_at IS NOT NULL) AND (status <> 'failed' OR last_error_code IS NOT NULL)",
+        name="photo_jobs_failed_check",
+    ),
+    CheckConstraint("dead_letter_owed_at IS NULL OR status = 'failed'", name="photo_jobs_dead_letter_check"),
     # The sweep's two scans (migration 0002): oldest due pending first, oldest active claim first.
     Index(
         "photo_jobs_pending_due_idx",
@@ -153,6 +178,9 @@ retired_variants = Table(
     Column("storage_key", Text, primary_key=True),
     Column("photo_id", Uuid, nullable=False),
     _timestamp("delete_after", nullable=False),
+    # The photo.variants_updated event that told consumers of the new keys (migration 0008): the
+    # old objects go only once it has left the outbox, a grace period ago.
+    Column("event_id", Uuid),
     Index("retired_variants_due_idx", "delete_after"),
 )
 

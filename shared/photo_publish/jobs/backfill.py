@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-from sqlalchemy import ColumnElement, Engine, func, select, true, update
+from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
 from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.jobs import machine
 
 # What a photo costs to re-render, from `make bench` on this project's corpus (README, Benchmarks):
 # 0.58 s of one vCPU at 1769 MB, and Lambda's arm64 price per GB-second.
@@ -34,7 +35,15 @@ class Selection:
     album_id: UUID | None = None
 
     def where(self, version: int) -> ColumnElement[bool]:
-        condition = (Photo.processing_state == "ready") & (func.coalesce(Photo.variant_version, 0) < version)
+        """The selected published photos below `version` whose job is finished (or missing): what
+        `mark` marks; a job at work keeps its own course."""
+        finished = select(PhotoJob.photo_id).where(PhotoJob.status.in_(machine.MARK_RERENDER.source))
+        has_job = select(PhotoJob.photo_id)
+        condition = (
+            (Photo.processing_state == "ready")
+            & (func.coalesce(Photo.variant_version, 0) < version)
+            & or_(Photo.id.in_(finished), Photo.id.not_in(has_job))
+        )
         if self.photo_ids is not None:
             condition &= Photo.id.in_(self.photo_ids)
         if self.album_id is not None:
@@ -68,7 +77,8 @@ def mark(engine: Engine, version: int, selection: Selection) -> int:
     """Mark the selected photos below `version` for a re-render at it; the number marked.
 
     A finished job (done, or failed: a re-render that failed for good leaves its photo published)
-    gets the mark; a job at work keeps its own course. In batches, in the order of the photos' ids.
+    gets the mark; a job at work keeps its own course; a photo with no job row gets one. In
+    batches, in the order of the photos' ids.
     """
     marked, after = 0, None
     while True:
@@ -83,21 +93,11 @@ def mark(engine: Engine, version: int, selection: Selection) -> int:
             )
             if not ids:
                 return marked
-            result = connection.execute(
-                update(PhotoJob)
-                .where(PhotoJob.photo_id.in_(ids), PhotoJob.status.in_(("done", "failed")))
-                .values(rerender_to=version, status="done", updated_at=func.now())
-            )
-            marked += result.rowcount
+            marked += machine.mark_rerender(connection, ids, version)
             after = ids[-1]
 
 
 def stop(engine: Engine) -> int:
     """Clear the marks the sweep has not sent yet; the number cleared (marking again resumes)."""
     with engine.begin() as connection:
-        result = connection.execute(
-            update(PhotoJob)
-            .where(PhotoJob.rerender_to.is_not(None), PhotoJob.status == "done")
-            .values(rerender_to=None, updated_at=func.now())
-        )
-    return result.rowcount
+        return machine.stop_rerender(connection)

@@ -115,9 +115,10 @@ class Delivery:
         delay = max(r.retry_in or 0 for r in retries)
         if receive_count >= self._settings.max_receive_count:
             # The redrive would dead-letter this message on its next receive although the job has
-            # attempts left: acknowledge it and let a fresh message carry the job.
-            for retry in retries:
-                self._queue.send_job(retry.photo_id, delay)
+            # attempts left: acknowledge it and let a fresh copy carry it on. The body itself, not a
+            # job message: an upload's record is what proves it (its key, sequencer and eTag), and
+            # only that reopens a failed job; records in it that did succeed arrive as duplicates.
+            self._queue.send(body, delay)
             return results
         self._queue.retry_later(receipt_handle, delay)
         raise RetryLater(retries)

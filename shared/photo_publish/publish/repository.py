@@ -1,8 +1,10 @@
-"""Every statement the process function runs, each method one short transaction.
+"""The process function's transactions, each method one short one.
 
-The photo's publication is gated by one conditional UPDATE (only one concurrent worker can win it),
-and every transition of a job out of `active` is conditioned on the attempt its worker claimed
-(the fencing token), so a worker whose job was taken over changes nothing.
+The job's and the photo's state change only through `photo_publish.jobs.machine`'s transitions:
+the photo's publication is its one conditional UPDATE (only one concurrent worker can win it), and
+every transition of a job out of `active` is conditioned on the attempt its worker claimed (the
+fencing token), so a worker whose job was taken over changes nothing. Here: the reads that decide
+what to do, and the publish transaction around its transitions (variants, outbox event).
 """
 
 from __future__ import annotations
@@ -16,18 +18,13 @@ from uuid import UUID
 
 from sqlalchemy import (
     Connection,
-    DateTime,
     Engine,
-    Text,
     and_,
     case,
     false,
     func,
-    literal,
-    not_,
     or_,
     select,
-    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
@@ -35,7 +32,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from photo_publish.adapters.tables import (
-    outbox_events,
     photo_jobs,
     photo_variants,
     photos,
@@ -44,23 +40,20 @@ from photo_publish.adapters.tables import (
 )
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.image.recipes import Recipe, mismatch
+from photo_publish.jobs import machine
 from photo_publish.keys import Upload
+from photo_publish.outbox import writer
 from photo_publish.outbox.contracts import (
-    PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
-    PhotoFailedPayload,
     PhotoPublishedPayload,
     Placeholder,
     PublishedVariants,
     VariantRef,
 )
 
-# A second's tolerance for the clocks of the queue and the database (SPEC 5).
-CLOCK_TOLERANCE = timedelta(seconds=1)
-# S3 orders the uploads of a key by their sequencers, hex strings of varying length compared after
-# padding the shorter with zeros: stored padded, text order is upload order.
-_SEQUENCER_WIDTH = 40
+# A final failure's dead letter that the queue has not accepted yet, now its holder's to send.
+OwedDeadLetter = machine.OwedLetter
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +90,6 @@ class Exhausted:
 
 
 ClaimResult = Claimed | NotClaimable | Exhausted | None
-
-
-@dataclass(frozen=True, slots=True)
-class OwedDeadLetter:
-    """A final failure's dead letter that the queue has not accepted yet, now this caller's to send."""
-
-    photo_id: UUID
-    attempt: int
-    code: ErrorCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,97 +168,26 @@ class PhotoRepository:
         return None if row is None else PhotoRow(*row)
 
     def ensure_job(self, photo_id: UUID, *, upload: Upload | None = None) -> None:
-        """Create the photo's job if the photo exists; a newer upload of its original reopens a failed job.
+        """The photo's job, created if the photo exists; a newer upload of its original reopens a
+        failed job, and the newest upload that reached the job is remembered.
 
-        The job keeps the newest upload that reached it: a duplicate of an event, or its redelivery
-        after a crash, announces the same upload and reopens nothing (an input that crashes its
-        worker would otherwise loop: worker lost, dead letter, reopened, ...). An upload older than
-        the one seen (S3 delivers out of order) changes nothing either.
+        A duplicate of an event, or its redelivery after a crash, announces the same upload and
+        reopens nothing (an input that crashes its worker would otherwise loop: worker lost, dead
+        letter, reopened, ...); nor does an upload older than the one seen (S3 delivers out of order).
         """
-        if upload is None:
-            stmt = insert(photo_jobs).from_select(
-                ["photo_id"], select(photos.c.id).where(photos.c.id == photo_id)
-            )
-            with self._transaction() as connection:
-                connection.execute(stmt.on_conflict_do_nothing(index_elements=[photo_jobs.c.photo_id]))
-            return
-
-        padded = None if upload.sequencer is None else upload.sequencer.rjust(_SEQUENCER_WIDTH, "0")
-        sequencer, etag = literal(padded, Text), literal(upload.etag, Text)
-        at = literal(upload.at, DateTime(timezone=True))
-        stmt = insert(photo_jobs).from_select(
-            ["photo_id", "upload_sequencer", "upload_etag"],
-            select(photos.c.id, sequencer, etag).where(photos.c.id == photo_id),
-        )
-        older = func.coalesce(photo_jobs.c.upload_sequencer > sequencer, false())
-        seen = and_(
-            photo_jobs.c.upload_sequencer.is_not_distinct_from(sequencer),
-            photo_jobs.c.upload_etag.is_not_distinct_from(etag),
-        )
-        # New against what failed: by S3's order where both uploads have a sequencer, else by eTag,
-        # else (the job saw no upload: it ran from job messages) by time: only an upload after the
-        # failure is new proof that the original exists.
-        newer = case(
-            (
-                and_(sequencer.is_not(None), photo_jobs.c.upload_sequencer.is_not(None)),
-                sequencer > photo_jobs.c.upload_sequencer,
-            ),
-            (
-                and_(etag.is_not(None), photo_jobs.c.upload_etag.is_not(None)),
-                etag != photo_jobs.c.upload_etag,
-            ),
-            (and_(at.is_not(None), photo_jobs.c.failed_at.is_not(None)), at > photo_jobs.c.failed_at),
-            else_=true(),
-        )
-        reopen = and_(photo_jobs.c.status == "failed", newer)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[photo_jobs.c.photo_id],
-            set_={
-                "status": case((reopen, "pending"), else_=photo_jobs.c.status),
-                "attempt": case((reopen, 0), else_=photo_jobs.c.attempt),
-                "next_retry_at": case((reopen, None), else_=photo_jobs.c.next_retry_at),
-                # A letter still owed for the failure this upload replaces is dropped with it: the
-                # photo has its attempts again (and the letter, read with the job's next code, would
-                # page for whatever happens next, even a permanent failure).
-                "dead_letter_owed_at": case((reopen, None), else_=photo_jobs.c.dead_letter_owed_at),
-                "upload_sequencer": sequencer,
-                "upload_etag": etag,
-                "updated_at": func.now(),
-            },
-            where=and_(not_(older), not_(seen)),
-        )
         with self._transaction() as connection:
-            connection.execute(stmt)
+            machine.ensure(connection, photo_id)
+            if upload is not None and not machine.reopen(connection, photo_id, upload):
+                machine.note_upload(connection, photo_id, upload)
 
     def claim(self, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
-        """One conditional UPDATE: a due pending job, or a stale active one with attempts left."""
-        now = func.now()
-        stale = photo_jobs.c.claimed_at < now - timedelta(seconds=stale_after)
-        claimable = or_(
-            and_(
-                photo_jobs.c.status == "pending",
-                or_(
-                    photo_jobs.c.next_retry_at.is_(None), photo_jobs.c.next_retry_at <= now + CLOCK_TOLERANCE
-                ),
-            ),
-            and_(photo_jobs.c.status == "active", stale, photo_jobs.c.attempt < max_attempts),
-        )
+        """A due pending job, or a stale active one with attempts left; else why not."""
         with self._transaction() as connection:
-            attempt = connection.scalar(
-                update(photo_jobs)
-                .where(photo_jobs.c.photo_id == photo_id, claimable)
-                .values(
-                    status="active",
-                    attempt=photo_jobs.c.attempt + 1,
-                    claimed_at=now,
-                    next_retry_at=None,
-                    updated_at=now,
-                )
-                .returning(photo_jobs.c.attempt)
-            )
+            attempt = machine.claim(connection, photo_id, stale_after=stale_after, max_attempts=max_attempts)
             if attempt is not None:
                 return Claimed(attempt)
             # Not claimed: read why, only to answer the delivery (nothing is written on this read).
+            now = func.now()
             due_at = case(
                 (photo_jobs.c.status == "pending", photo_jobs.c.next_retry_at),
                 (photo_jobs.c.status == "active", photo_jobs.c.claimed_at + timedelta(seconds=stale_after)),
@@ -294,13 +207,9 @@ class PhotoRepository:
         return NotClaimable(status, max(float(retry_in or 0), 0.0))
 
     def mark_done(self, photo_id: UUID) -> None:
-        """The photo is already published: nothing is left for its job to do."""
+        """The photo is already published: its pending job has nothing left to do."""
         with self._transaction() as connection:
-            connection.execute(
-                update(photo_jobs)
-                .where(photo_jobs.c.photo_id == photo_id, photo_jobs.c.status != "done")
-                .values(status="done", next_retry_at=None, rerender_to=None, updated_at=func.now())
-            )
+            machine.settle_published(connection, photo_id)
 
     def publish(
         self,
@@ -320,29 +229,17 @@ class PhotoRepository:
         order every transaction here takes them in).
         """
         with self._transaction() as connection:
-            # Done, and no re-render owed: the variants are at the version this worker renders.
-            if not self._finish_job(connection, photo_id, attempt, "done", rerender_to=None):
+            if not machine.publish(connection, photo_id, attempt):
                 return PublishResult(self._superseded_or_skipped(connection, photo_id))
-            published = connection.execute(
-                update(photos)
-                .where(
-                    photos.c.id == photo_id, photos.c.processing_state.in_(("uploaded", "processing_failed"))
-                )
-                .values(
-                    processing_state="ready",
-                    visibility="published",
-                    published_at=func.now(),
-                    error_code=None,
-                    **_rendition(width, height, variant_version, placeholder),
-                )
-                .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
-            ).one_or_none()
+            published = machine.publish_photo(
+                connection, photo_id, _rendition(width, height, variant_version, placeholder)
+            )
             if published is None:
                 # Zero rows: published already (by a worker of an earlier claim), or deleted.
                 exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
                 return PublishResult("already" if exists else "skipped")
-            self._store_variants(connection, photo_id, variants, variant_version)
-            payload = self._append_event(
+            _store_variants(connection, photo_id, variants, variant_version)
+            payload, _ = _append_event(
                 connection,
                 PHOTO_PUBLISHED,
                 photo_id,
@@ -373,8 +270,7 @@ class PhotoRepository:
         caches may still hold their keys.
         """
         with self._transaction() as connection:
-            # Done, and no re-render owed: the variants are at the version this worker renders.
-            if not self._finish_job(connection, photo_id, attempt, "done", rerender_to=None):
+            if not machine.publish(connection, photo_id, attempt):
                 return PublishResult(self._superseded_or_skipped(connection, photo_id))
             replaced = connection.execute(
                 update(photos)
@@ -390,29 +286,14 @@ class PhotoRepository:
             if replaced is None:
                 exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
                 return PublishResult("already" if exists else "skipped")
-            new_keys = [v.key for v in variants]
             old_keys = connection.scalars(
                 select(photo_variants.c.storage_key).where(
-                    photo_variants.c.photo_id == photo_id, photo_variants.c.storage_key.not_in(new_keys)
+                    photo_variants.c.photo_id == photo_id,
+                    photo_variants.c.storage_key.not_in([v.key for v in variants]),
                 )
             ).all()
-            if old_keys:
-                connection.execute(
-                    insert(retired_variants)
-                    .values(
-                        [
-                            {
-                                "storage_key": key,
-                                "photo_id": photo_id,
-                                "delete_after": func.now() + retire_after,
-                            }
-                            for key in old_keys
-                        ]
-                    )
-                    .on_conflict_do_nothing(index_elements=[retired_variants.c.storage_key])
-                )
-            self._store_variants(connection, photo_id, variants, variant_version)
-            payload = self._append_event(
+            _store_variants(connection, photo_id, variants, variant_version)
+            payload, event_id = _append_event(
                 connection,
                 PHOTO_VARIANTS_UPDATED,
                 photo_id,
@@ -422,6 +303,24 @@ class PhotoRepository:
                 variants=variants,
                 placeholder=placeholder,
             )
+            if old_keys:
+                # Deleted once `retire_after` has passed and the event telling consumers of the new
+                # keys has been out of the outbox as long (the sweep): the old ones may be cached.
+                connection.execute(
+                    insert(retired_variants)
+                    .values(
+                        [
+                            {
+                                "storage_key": key,
+                                "photo_id": photo_id,
+                                "delete_after": func.now() + retire_after,
+                                "event_id": event_id,
+                            }
+                            for key in old_keys
+                        ]
+                    )
+                    .on_conflict_do_nothing(index_elements=[retired_variants.c.storage_key])
+                )
         return PublishResult("rerendered", payload)
 
     @staticmethod
@@ -429,81 +328,6 @@ class PhotoRepository:
         """A fenced-out transition: another claim owns the job, or the photo (and its job) is gone."""
         exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
         return "superseded" if exists else "skipped"
-
-    @staticmethod
-    def _store_variants(
-        connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
-    ) -> None:
-        stmt = insert(photo_variants).values(
-            [
-                {
-                    "photo_id": photo_id,
-                    "kind": v.kind,
-                    "storage_key": v.key,
-                    "width": v.width,
-                    "height": v.height,
-                    "bytes": v.size,
-                    "content_type": v.content_type,
-                    "variant_version": variant_version,
-                }
-                for v in variants
-            ]
-        )
-        connection.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[photo_variants.c.photo_id, photo_variants.c.kind],
-                set_={
-                    "storage_key": stmt.excluded.storage_key,
-                    "width": stmt.excluded.width,
-                    "height": stmt.excluded.height,
-                    "bytes": stmt.excluded.bytes,
-                    "content_type": stmt.excluded.content_type,
-                    "variant_version": stmt.excluded.variant_version,
-                    "updated_at": func.now(),
-                },
-            )
-        )
-
-    @staticmethod
-    def _append_event(
-        connection: Connection,
-        event_type: str,
-        photo_id: UUID,
-        photo: Any,
-        *,
-        width: int,
-        height: int,
-        variants: Sequence[StoredVariant],
-        placeholder: Placeholder,
-    ) -> PhotoPublishedPayload:
-        """The outbox row of a publication or a re-render: the same payload (SPEC 14)."""
-        album_id, entity_version, published_at = photo
-        assert published_at is not None  # set when the photo was published
-        refs = {
-            v.kind: VariantRef(
-                key=v.key, width=v.width, height=v.height, size=v.size, content_type=v.content_type
-            )
-            for v in variants
-        }
-        payload = PhotoPublishedPayload(
-            photo_id=photo_id,
-            album_id=album_id,
-            entity_version=entity_version,
-            published_at=published_at,
-            width=width,
-            height=height,
-            variants=PublishedVariants(**refs),
-            placeholder=placeholder,
-        )
-        connection.execute(
-            insert(outbox_events).values(
-                aggregate_type="photo",
-                aggregate_id=photo_id,
-                event_type=event_type,
-                payload=payload.to_json(),
-            )
-        )
-        return payload
 
     def holds(self, photo_id: UUID, attempt: int, variant_version: int) -> bool:
         """The worker's claim still stands and the photo has no variants at this version yet: they
@@ -530,140 +354,106 @@ class PhotoRepository:
                 is not None
             )
 
-    def fail(self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False) -> bool:
-        """Job `failed`, photo `processing_failed` (never a published one) with its `photo.failed`
-        event; False if fenced out.
-
-        A final failure also records that its dead letter is owed, in the same transaction: whoever
-        sends it clears that, and if nobody does, a redelivery or the sweep finds it owed.
-        """
-        owed = {"dead_letter_owed_at": func.now()} if final else {}
-        owed["failed_at"] = func.now()
+    def fail(self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False) -> datetime | None:
+        """Job `failed` (owing its dead letter if `final`), photo `processing_failed` (never a
+        published one) with its `photo.failed` event, in one transaction. The failure's time (its
+        letter's name), or None if fenced out."""
         with self._transaction() as connection:
-            if not self._finish_job(connection, photo_id, attempt, "failed", code, **owed):
-                return False
-            failed = connection.execute(
-                update(photos)
-                .where(photos.c.id == photo_id, photos.c.processing_state != "ready")
-                .values(processing_state="processing_failed", error_code=code.value, updated_at=func.now())
-                .returning(photos.c.album_id, photos.c.entity_version, photos.c.updated_at)
-            ).one_or_none()
+            failed = machine.fail(connection, photo_id, attempt, code, final=final)
+            if failed is None:
+                return None
             # A published photo is not downgraded, and gets no event: only a photo marked failed does.
-            if failed is not None:
-                connection.execute(
-                    insert(outbox_events).values(
-                        failed_event(
-                            photo_id,
-                            album_id=failed.album_id,
-                            entity_version=failed.entity_version,
-                            code=code,
-                            attempt=attempt,
-                            failed_at=failed.updated_at,
-                            final=final,
-                        )
-                    )
-                )
-        return True
+            writer.append_failed(connection, failed.marked)
+        return failed.failed_at
 
     def take_owed_dead_letter(self, photo_id: UUID, *, lease_seconds: int) -> OwedDeadLetter | float | None:
         """The job's owed dead letter, leased to the caller; else the seconds until it may be taken
         (its lease, or its first sender, still holds it), or None when no letter is owed."""
-        leased = photo_jobs.c.dead_letter_owed_at < func.now() - timedelta(seconds=lease_seconds)
         with self._transaction() as connection:
-            row = connection.execute(
-                update(photo_jobs)
-                .where(photo_jobs.c.photo_id == photo_id, leased)
-                .values(dead_letter_owed_at=func.now())
-                .returning(photo_jobs.c.attempt, photo_jobs.c.last_error_code)
-            ).one_or_none()
-            if row is not None:
-                return OwedDeadLetter(photo_id, row.attempt, ErrorCode(row.last_error_code))
-            wait = connection.scalar(
-                select(
-                    func.extract(
-                        "epoch",
-                        photo_jobs.c.dead_letter_owed_at + timedelta(seconds=lease_seconds) - func.now(),
-                    )
-                ).where(photo_jobs.c.photo_id == photo_id, photo_jobs.c.dead_letter_owed_at.is_not(None))
+            leased = machine.lease_letters(
+                connection, lease_seconds=lease_seconds, limit=1, photo_id=photo_id
             )
-        return None if wait is None else max(float(wait), 0.0)
+            if leased and isinstance(leased[0], OwedDeadLetter):
+                return leased[0]
+            return machine.letter_wait(connection, photo_id, lease_seconds=lease_seconds)
 
-    def dead_letter_sent(self, photo_ids: Sequence[UUID]) -> None:
-        """The queue accepted these jobs' dead letters: nothing is owed any more."""
-        if photo_ids:
+    def dead_letter_sent(self, letters: Sequence[OwedDeadLetter]) -> None:
+        """The queue accepted these letters: nothing is owed for those failures any more."""
+        if letters:
             with self._transaction() as connection:
-                connection.execute(
-                    update(photo_jobs)
-                    .where(photo_jobs.c.photo_id.in_(photo_ids))
-                    .values(dead_letter_owed_at=None)
-                )
+                machine.settle_letters(connection, letters)
 
     def release(self, photo_id: UUID, attempt: int, code: ErrorCode, retry_in: int) -> bool:
         """Back to `pending`, not claimable for `retry_in` seconds; False if fenced out."""
         with self._transaction() as connection:
-            return self._finish_job(
-                connection,
-                photo_id,
-                attempt,
-                "pending",
-                code,
-                next_retry_at=func.now() + timedelta(seconds=retry_in),
-            )
+            return machine.release(connection, photo_id, attempt, code, retry_in)
 
-    @staticmethod
-    def _finish_job(
-        connection: Connection,
-        photo_id: UUID,
-        attempt: int,
-        status: str,
-        code: ErrorCode | None = None,
-        **values: object,
-    ) -> bool:
-        """A transition out of `active`, fenced by the attempt its worker claimed."""
-        result = connection.execute(
-            update(photo_jobs)
-            .where(
-                photo_jobs.c.photo_id == photo_id,
-                photo_jobs.c.status == "active",
-                photo_jobs.c.attempt == attempt,
-            )
-            .values(
-                status=status,
-                last_error_code=code.value if code else photo_jobs.c.last_error_code,
-                updated_at=func.now(),
-                **({"next_retry_at": None} | values),
-            )
-            .returning(photo_jobs.c.photo_id)
+
+def _store_variants(
+    connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
+) -> None:
+    stmt = insert(photo_variants).values(
+        [
+            {
+                "photo_id": photo_id,
+                "kind": v.kind,
+                "storage_key": v.key,
+                "width": v.width,
+                "height": v.height,
+                "bytes": v.size,
+                "content_type": v.content_type,
+                "variant_version": variant_version,
+            }
+            for v in variants
+        ]
+    )
+    connection.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[photo_variants.c.photo_id, photo_variants.c.kind],
+            set_={
+                "storage_key": stmt.excluded.storage_key,
+                "width": stmt.excluded.width,
+                "height": stmt.excluded.height,
+                "bytes": stmt.excluded.bytes,
+                "content_type": stmt.excluded.content_type,
+                "variant_version": stmt.excluded.variant_version,
+                "updated_at": func.now(),
+            },
         )
-        return result.first() is not None
+    )
 
 
-def failed_event(
+def _append_event(
+    connection: Connection,
+    event_type: str,
     photo_id: UUID,
+    photo: Any,
     *,
-    album_id: UUID,
-    entity_version: int,
-    code: ErrorCode,
-    attempt: int,
-    failed_at: datetime,
-    final: bool,
-) -> dict[str, Any]:
-    """The outbox row of a photo marked `processing_failed` (SPEC 12), for that same transaction's insert."""
-    payload = PhotoFailedPayload(
+    width: int,
+    height: int,
+    variants: Sequence[StoredVariant],
+    placeholder: Placeholder,
+) -> tuple[PhotoPublishedPayload, UUID]:
+    """The outbox row of a publication or a re-render (the same payload, SPEC 14), and its id."""
+    album_id, entity_version, published_at = photo
+    assert published_at is not None  # set when the photo was published
+    refs = {
+        v.kind: VariantRef(
+            key=v.key, width=v.width, height=v.height, size=v.size, content_type=v.content_type
+        )
+        for v in variants
+    }
+    payload = PhotoPublishedPayload(
         photo_id=photo_id,
         album_id=album_id,
         entity_version=entity_version,
-        error_code=code,
-        kind="final" if final else "permanent",
-        attempt=attempt,
-        failed_at=failed_at,
+        published_at=published_at,
+        width=width,
+        height=height,
+        variants=PublishedVariants(**refs),
+        placeholder=placeholder,
     )
-    return {
-        "aggregate_type": "photo",
-        "aggregate_id": photo_id,
-        "event_type": PHOTO_FAILED,
-        "payload": payload.to_json(),
-    }
+    return payload, writer.append_published(connection, event_type, payload)
 
 
 # SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback

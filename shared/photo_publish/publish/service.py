@@ -370,7 +370,7 @@ class PhotoService:
         )
         try:
             if error.permanent:
-                if not self._repository.fail(photo_id, attempt, error.code):
+                if self._repository.fail(photo_id, attempt, error.code) is None:
                     return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
                 return Result(Outcome.FAILED, photo_id, error.code, attempt, handoff=self._hand_off(photo_id))
             if attempt >= self._settings.max_attempts:
@@ -388,10 +388,13 @@ class PhotoService:
             )
 
     def _final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
-        if not self._repository.fail(photo_id, attempt, error.code, final=True):
+        failed_at = self._repository.fail(photo_id, attempt, error.code, final=True)
+        if failed_at is None:
             return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
         handoff = self._hand_off(photo_id)
-        result = self._send_dead_letter(OwedDeadLetter(photo_id, attempt, error.code), error.detail)
+        result = self._send_dead_letter(
+            OwedDeadLetter(photo_id, attempt, error.code, failed_at), error.detail
+        )
         return replace(result, handoff=handoff)
 
     def _hand_off(self, photo_id: UUID) -> HandOff | None:
@@ -422,7 +425,7 @@ class PhotoService:
                 retry_in=self._settings.stale_after_seconds,
             )
         try:
-            self._repository.dead_letter_sent([owed.photo_id])
+            self._repository.dead_letter_sent([owed])
         except PhotoError as error:
             # Sent, but still recorded as owed: the sweep sends it once more (a duplicate, never a loss).
             logger.warning("dead letter sent but not recorded", error_code=error.code)

@@ -1,0 +1,769 @@
+"""The job's life (SPEC 16): every write to `photo_jobs`, and to a photo's processing columns.
+
+Each transition is one conditional statement: its WHERE clause is the precondition (the job's
+status, and for a worker's transitions the attempt it claimed: its fencing token), and a transition
+that moves a job to another status sets every column of STATE, so that no column outlives the state
+that set it. `TRANSITIONS` declares each one (the README's table is tested against it), and each
+statement is checked against its declaration when it is built. The tables' CHECK constraints
+(migration 0008) refuse the combinations no state allows. The caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    DateTime,
+    Text,
+    and_,
+    case,
+    false,
+    func,
+    literal,
+    literal_column,
+    not_,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert
+
+from photo_publish.adapters.tables import photo_jobs, photos
+from photo_publish.errors import ErrorCode
+from photo_publish.keys import Upload
+
+PENDING, ACTIVE, DONE, FAILED = "pending", "active", "done", "failed"
+# The columns a job's status decides: a transition to another status sets each of them.
+STATE = frozenset(
+    {
+        "status",
+        "attempt",
+        "next_retry_at",
+        "claimed_at",
+        "enqueued_at",
+        "last_error_code",
+        "dead_letter_owed_at",
+        "failed_at",
+        "rerender_to",
+    }
+)
+# A second's tolerance for the clocks of the queue and the database (SPEC 5).
+CLOCK_TOLERANCE = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One named change of a job: the statuses it leaves and reaches, the rest of its precondition
+    in words, and the job's columns it sets."""
+
+    name: str
+    source: tuple[str, ...]
+    target: tuple[str, ...]
+    when: str
+    sets: frozenset[str]
+
+
+TRANSITIONS: dict[str, Transition] = {}
+
+
+def _declare(name: str, source: str, target: str, when: str, sets: str = "") -> Transition:
+    """`source`/`target`: statuses separated by `|` ("-" for a job that does not exist yet);
+    `sets`: the columns besides STATE ("*" for STATE and the upload columns)."""
+    columns = frozenset(sets.split()) - {"*"}
+    changes_status = set(target.split("|")) != set(source.split("|")) or "status" in columns
+    if changes_status:
+        columns |= STATE
+    transition = Transition(name, tuple(source.split("|")), tuple(target.split("|")), when, columns)
+    TRANSITIONS[name] = transition
+    return transition
+
+
+REGISTER = _declare("register", "-", PENDING, "the API registers a new photo: both rows at once")
+ENSURE = _declare("ensure", "-", PENDING, "an event for a photo that exists, whose job row is missing")
+REOPEN = _declare(
+    "reopen",
+    FAILED,
+    PENDING,
+    "an upload newer than the one that failed (S3's sequencer, else eTag, else time)",
+    "upload_sequencer upload_etag",
+)
+NOTE_UPLOAD = _declare(
+    "note_upload",
+    f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
+    f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
+    "an upload not older than, and not the same as, the newest one seen",
+    "upload_sequencer upload_etag",
+)
+CLAIM = _declare(
+    "claim",
+    f"{PENDING}|{ACTIVE}",
+    ACTIVE,
+    "pending and due; or active, stale, with attempts left (attempt + 1 is the fencing token)",
+)
+RELEASE = _declare("release", ACTIVE, PENDING, "the claimed attempt failed transiently, attempts left")
+FAIL = _declare("fail", ACTIVE, FAILED, "the claimed attempt failed permanently")
+FAIL_FINALLY = _declare(
+    "fail_finally", ACTIVE, FAILED, "the claimed attempt failed transiently, none left: a letter is owed"
+)
+REQUEUE_LOST = _declare("requeue_lost", ACTIVE, PENDING, "stale (its worker died), attempts left")
+FAIL_LOST = _declare("fail_lost", ACTIVE, FAILED, "stale, no attempts left (WORKER_LOST): a letter is owed")
+PUBLISH = _declare("publish", ACTIVE, DONE, "the claimed attempt published or re-rendered the photo")
+SETTLE_PUBLISHED = _declare("settle_published", PENDING, DONE, "the photo is published and not marked")
+STAMP = _declare(
+    "stamp",
+    PENDING,
+    PENDING,
+    "due for SWEEP_AFTER_SECONDS and not sent as long: the sweep sends it",
+    "enqueued_at",
+)
+UNSTAMP = _declare("unstamp", PENDING, PENDING, "its job message could not be sent", "enqueued_at")
+LEASE_LETTER = _declare(
+    "lease_letter", FAILED, FAILED, "a letter is owed and no sender holds it", "dead_letter_owed_at"
+)
+SETTLE_LETTER = _declare(
+    "settle_letter",
+    FAILED,
+    FAILED,
+    "the queue accepted the letter of this same failure",
+    "dead_letter_owed_at",
+)
+RETRY = _declare(
+    "retry",
+    f"{FAILED}|{PENDING}",
+    PENDING,
+    "the operator's retry or redrive (any owed letter is taken back); sent at once",
+)
+MARK_RERENDER = _declare(
+    "mark_rerender",
+    f"{DONE}|{FAILED}",
+    DONE,
+    "a published photo below the recipe version (backfill); any owed letter is taken back",
+)
+STOP_RERENDER = _declare("stop_rerender", DONE, DONE, "marked and not sent yet", "rerender_to")
+START_RERENDER = _declare(
+    "start_rerender", DONE, PENDING, "marked: the sweep sends it while the queue is short"
+)
+
+
+def _values(transition: Transition, **values: Any) -> dict[str, Any]:
+    """The SET of `transition`'s statement, refused unless it is exactly the declared columns."""
+    if set(values) != transition.sets:
+        missing, extra = transition.sets - set(values), set(values) - transition.sets
+        raise AssertionError(f"{transition.name}: missing {sorted(missing)}, undeclared {sorted(extra)}")
+    return values | {"updated_at": func.now()}
+
+
+def _status_in(transition: Transition) -> ColumnElement[bool]:
+    return photo_jobs.c.status.in_([literal_column(f"'{s}'") for s in transition.source])
+
+
+def _keep(*columns: str) -> dict[str, Any]:
+    """Columns a transition decides to leave as they are (said, so that no column is forgotten)."""
+    return {name: photo_jobs.c[name] for name in columns}
+
+
+# -- created --------------------------------------------------------------------------------------
+
+
+def register(connection: Connection, photo_id: UUID, album_id: UUID, original_key: str) -> None:
+    """What an upload API writes (SPEC 11): the photo and its job; every other column its default."""
+    connection.execute(photos.insert().values(id=photo_id, album_id=album_id, original_key=original_key))
+    connection.execute(photo_jobs.insert().values(photo_id=photo_id))
+
+
+def ensure(connection: Connection, photo_id: UUID) -> None:
+    """The photo's job, created pending if the photo exists and it has none."""
+    connection.execute(
+        insert(photo_jobs)
+        .from_select(["photo_id"], select(photos.c.id).where(photos.c.id == photo_id))
+        .on_conflict_do_nothing(index_elements=[photo_jobs.c.photo_id])
+    )
+
+
+# -- an upload announced --------------------------------------------------------------------------
+
+
+def _sequencer_after(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[bool]:
+    """S3's order of two uploads of a key: the shorter sequencer right-padded with zeros, then
+    compared as text (AWS's rule), byte by byte whatever the database's collation."""
+    width = func.greatest(func.length(a), func.length(b))
+    return func.rpad(func.upper(a), width, "0").collate("C") > func.rpad(func.upper(b), width, "0").collate(
+        "C"
+    )
+
+
+def _upload_terms(upload: Upload) -> tuple[ColumnElement[Any], ColumnElement[Any], ColumnElement[Any]]:
+    return (
+        literal(upload.sequencer, Text),
+        literal(upload.etag, Text),
+        literal(upload.at, DateTime(timezone=True)),
+    )
+
+
+def _seen(sequencer: ColumnElement[Any], etag: ColumnElement[Any]) -> ColumnElement[bool]:
+    return and_(
+        photo_jobs.c.upload_sequencer.is_not_distinct_from(sequencer),
+        photo_jobs.c.upload_etag.is_not_distinct_from(etag),
+    )
+
+
+def reopen(connection: Connection, photo_id: UUID, upload: Upload) -> bool:
+    """A failed job back to pending, attempt 0, for an upload newer than the one it failed with: by
+    S3's order where both have a sequencer, else by eTag, else (the job saw no upload) by time. The
+    upload is new proof that the original exists; a letter still owed for the failure it replaces
+    is taken back (the photo has its attempts again)."""
+    sequencer, etag, at = _upload_terms(upload)
+    newer = case(
+        (
+            and_(sequencer.is_not(None), photo_jobs.c.upload_sequencer.is_not(None)),
+            _sequencer_after(sequencer, photo_jobs.c.upload_sequencer),
+        ),
+        (and_(etag.is_not(None), photo_jobs.c.upload_etag.is_not(None)), etag != photo_jobs.c.upload_etag),
+        (and_(at.is_not(None), photo_jobs.c.failed_at.is_not(None)), at > photo_jobs.c.failed_at),
+        else_=true(),
+    )
+    reopened = connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id == photo_id, _status_in(REOPEN), newer, not_(_seen(sequencer, etag)))
+        .values(
+            _values(
+                REOPEN,
+                status=PENDING,
+                attempt=0,
+                next_retry_at=None,
+                claimed_at=None,
+                enqueued_at=None,
+                last_error_code=None,
+                dead_letter_owed_at=None,
+                failed_at=None,
+                upload_sequencer=sequencer,
+                upload_etag=etag,
+                **_keep("rerender_to"),
+            )
+        )
+        .returning(photo_jobs.c.photo_id)
+    )
+    return reopened.first() is not None
+
+
+def note_upload(connection: Connection, photo_id: UUID, upload: Upload) -> None:
+    """Remember the newest upload that reached the job; an older one (S3 delivers out of order) or a
+    repeated one changes nothing."""
+    sequencer, etag, _ = _upload_terms(upload)
+    older = func.coalesce(_sequencer_after(photo_jobs.c.upload_sequencer, sequencer), false())
+    connection.execute(
+        update(photo_jobs)
+        .where(
+            photo_jobs.c.photo_id == photo_id,
+            _status_in(NOTE_UPLOAD),
+            not_(older),
+            not_(_seen(sequencer, etag)),
+        )
+        .values(_values(NOTE_UPLOAD, upload_sequencer=sequencer, upload_etag=etag))
+    )
+
+
+# -- a worker's attempt ---------------------------------------------------------------------------
+
+
+def _stale(stale_after: int) -> ColumnElement[bool]:
+    return photo_jobs.c.claimed_at < func.now() - timedelta(seconds=stale_after)
+
+
+def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attempts: int) -> int | None:
+    """The attempt now claimed (the worker's fencing token), or None."""
+    now = func.now()
+    claimable = or_(
+        and_(
+            photo_jobs.c.status == PENDING,
+            or_(photo_jobs.c.next_retry_at.is_(None), photo_jobs.c.next_retry_at <= now + CLOCK_TOLERANCE),
+        ),
+        and_(photo_jobs.c.status == ACTIVE, _stale(stale_after), photo_jobs.c.attempt < max_attempts),
+    )
+    attempt: int | None = connection.scalar(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id == photo_id, _status_in(CLAIM), claimable)
+        .values(
+            _values(
+                CLAIM,
+                status=ACTIVE,
+                attempt=photo_jobs.c.attempt + 1,
+                claimed_at=now,
+                next_retry_at=None,
+                enqueued_at=None,
+                dead_letter_owed_at=None,
+                failed_at=None,
+                **_keep("last_error_code", "rerender_to"),
+            )
+        )
+        .returning(photo_jobs.c.attempt)
+    )
+    return attempt
+
+
+def _fenced(photo_id: UUID, attempt: int) -> ColumnElement[bool]:
+    """The worker that claimed `attempt` still holds the job."""
+    return and_(
+        photo_jobs.c.photo_id == photo_id, photo_jobs.c.status == ACTIVE, photo_jobs.c.attempt == attempt
+    )
+
+
+def release(connection: Connection, photo_id: UUID, attempt: int, code: ErrorCode, retry_in: int) -> bool:
+    """Back to pending, not claimable for `retry_in` seconds; False if fenced out."""
+    released = connection.execute(
+        update(photo_jobs)
+        .where(_fenced(photo_id, attempt))
+        .values(
+            _values(
+                RELEASE,
+                status=PENDING,
+                next_retry_at=func.now() + timedelta(seconds=retry_in),
+                claimed_at=None,
+                enqueued_at=None,
+                last_error_code=code.value,
+                dead_letter_owed_at=None,
+                failed_at=None,
+                **_keep("attempt", "rerender_to"),
+            )
+        )
+        .returning(photo_jobs.c.photo_id)
+    )
+    return released.first() is not None
+
+
+@dataclass(frozen=True, slots=True)
+class MarkedFailed:
+    """A photo marked `processing_failed` by a failure, for its `photo.failed` event."""
+
+    photo_id: UUID
+    album_id: UUID
+    entity_version: int
+    failed_at: datetime
+    attempt: int
+    code: ErrorCode
+    final: bool
+
+
+def _failed_values(transition: Transition, code: ErrorCode, *, final: bool) -> dict[str, Any]:
+    now = func.now()
+    return _values(
+        transition,
+        status=FAILED,
+        next_retry_at=None,
+        claimed_at=None,
+        enqueued_at=None,
+        last_error_code=code.value,
+        # Owed until the queue accepts it: whoever sends it settles it, and if nobody does, a
+        # redelivery or the sweep finds it owed (SPEC 5).
+        dead_letter_owed_at=now if final else None,
+        failed_at=now,
+        **_keep("attempt", "rerender_to"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A claimed attempt's failure recorded: its time (which names it) and the photo it marked
+    failed (none for a published photo)."""
+
+    failed_at: datetime
+    marked: list[MarkedFailed]
+
+
+def fail(
+    connection: Connection, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool
+) -> Failed | None:
+    """The claimed attempt failed for good: job `failed` (owing its letter if `final`), the photo
+    `processing_failed` unless it is published (a re-render's failure never downgrades it). None
+    if fenced out."""
+    failed_at = connection.scalar(
+        update(photo_jobs)
+        .where(_fenced(photo_id, attempt))
+        .values(_failed_values(FAIL_FINALLY if final else FAIL, code, final=final))
+        .returning(photo_jobs.c.failed_at)
+    )
+    if failed_at is None:
+        return None
+    return Failed(failed_at, _mark_photos_failed(connection, {photo_id: attempt}, code, final=final))
+
+
+def _mark_photos_failed(
+    connection: Connection, attempts: dict[UUID, int], code: ErrorCode, *, final: bool
+) -> list[MarkedFailed]:
+    """The photos' processing columns after their jobs failed: only those not published."""
+    rows = connection.execute(
+        update(photos)
+        .where(photos.c.id.in_(attempts), photos.c.processing_state != "ready")
+        .values(processing_state="processing_failed", error_code=code.value, updated_at=func.now())
+        .returning(photos.c.id, photos.c.album_id, photos.c.entity_version, photos.c.updated_at)
+    ).all()
+    return [
+        MarkedFailed(r.id, r.album_id, r.entity_version, r.updated_at, attempts[r.id], code, final)
+        for r in rows
+    ]
+
+
+def publish(connection: Connection, photo_id: UUID, attempt: int) -> bool:
+    """The claimed attempt's variants are committed with this transaction: job done, no re-render
+    owed (the variants are at the version its worker renders); False if fenced out."""
+    done = connection.execute(
+        update(photo_jobs)
+        .where(_fenced(photo_id, attempt))
+        .values(_done_values(PUBLISH))
+        .returning(photo_jobs.c.photo_id)
+    )
+    return done.first() is not None
+
+
+def _done_values(transition: Transition) -> dict[str, Any]:
+    return _values(
+        transition,
+        status=DONE,
+        next_retry_at=None,
+        claimed_at=None,
+        enqueued_at=None,
+        dead_letter_owed_at=None,
+        failed_at=None,
+        rerender_to=None,
+        **_keep("attempt", "last_error_code"),
+    )
+
+
+def publish_photo(connection: Connection, photo_id: UUID, rendition: dict[str, Any]) -> Any:
+    """SPEC 4.1's conditional UPDATE: only one worker publishes a photo. Its row, or None (already
+    published, or deleted)."""
+    return connection.execute(
+        update(photos)
+        .where(photos.c.id == photo_id, photos.c.processing_state.in_(("uploaded", "processing_failed")))
+        .values(
+            processing_state="ready",
+            visibility="published",
+            published_at=func.now(),
+            error_code=None,
+            **rendition,
+        )
+        .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
+    ).one_or_none()
+
+
+def settle_published(connection: Connection, photo_id: UUID) -> None:
+    """A delivery for a published photo that nothing is owed for: its pending job is done."""
+    connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id == photo_id, _status_in(SETTLE_PUBLISHED))
+        .values(_done_values(SETTLE_PUBLISHED))
+    )
+
+
+# -- lost work (the sweep) ------------------------------------------------------------------------
+
+
+def stamp_due(connection: Connection, *, wait: timedelta, limit: int) -> list[UUID]:
+    """Pending rows that waited `wait` past their due time and were not sent as long, stamped as
+    sent now; taken with SKIP LOCKED, so two sweeps never send the same row."""
+    now = func.now()
+    due_at = func.coalesce(photo_jobs.c.next_retry_at, photo_jobs.c.created_at)
+    due = (
+        select(photo_jobs.c.photo_id)
+        .where(
+            # Literal, not a bound parameter: a generic plan must still see the partial index.
+            _status_in(STAMP),
+            due_at < now - wait,
+            or_(photo_jobs.c.enqueued_at.is_(None), photo_jobs.c.enqueued_at < now - wait),
+        )
+        .order_by(due_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+    return list(
+        connection.scalars(
+            update(photo_jobs)
+            .where(photo_jobs.c.photo_id == due.c.photo_id)
+            .values(_values(STAMP, enqueued_at=now))
+            .returning(photo_jobs.c.photo_id)
+        )
+    )
+
+
+def unstamp(connection: Connection, photo_ids: Sequence[UUID]) -> None:
+    """Their job messages were not sent: a later sweep sends them."""
+    connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id.in_(photo_ids), _status_in(UNSTAMP))
+        .values(_values(UNSTAMP, enqueued_at=None))
+    )
+
+
+def _stale_rows(*, stale_after: int, limit: int, exhausted: ColumnElement[bool]) -> Any:
+    return (
+        select(photo_jobs.c.photo_id)
+        .where(photo_jobs.c.status == literal_column(f"'{ACTIVE}'"), _stale(stale_after), exhausted)
+        .order_by(photo_jobs.c.claimed_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("stale")
+    )
+
+
+def requeue_lost(connection: Connection, *, stale_after: int, max_attempts: int, limit: int) -> list[UUID]:
+    """Stale active jobs with attempts left back to pending, stamped as sent now (WORKER_LOST)."""
+    stale = _stale_rows(stale_after=stale_after, limit=limit, exhausted=photo_jobs.c.attempt < max_attempts)
+    return list(
+        connection.scalars(
+            update(photo_jobs)
+            .where(photo_jobs.c.photo_id == stale.c.photo_id)
+            .values(
+                _values(
+                    REQUEUE_LOST,
+                    status=PENDING,
+                    next_retry_at=None,
+                    claimed_at=None,
+                    enqueued_at=func.now(),
+                    last_error_code=ErrorCode.WORKER_LOST.value,
+                    dead_letter_owed_at=None,
+                    failed_at=None,
+                    **_keep("attempt", "rerender_to"),
+                )
+            )
+            .returning(photo_jobs.c.photo_id)
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OwedLetter:
+    """A final failure's dead letter, now this caller's to send; `failed_at` names the failure."""
+
+    photo_id: UUID
+    attempt: int
+    code: ErrorCode
+    failed_at: datetime
+
+
+def fail_lost(
+    connection: Connection,
+    *,
+    stale_after: int,
+    max_attempts: int,
+    limit: int,
+    photo_id: UUID | None = None,
+) -> tuple[list[OwedLetter], list[MarkedFailed]]:
+    """Stale active jobs with no attempts left failed finally with WORKER_LOST (one photo's, or a
+    batch): their letters (leased to the caller) and the photos marked failed."""
+    exhausted = photo_jobs.c.attempt >= max_attempts
+    if photo_id is not None:
+        exhausted = and_(exhausted, photo_jobs.c.photo_id == photo_id)
+    stale = _stale_rows(stale_after=stale_after, limit=limit, exhausted=exhausted)
+    rows = connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id == stale.c.photo_id)
+        .values(_failed_values(FAIL_LOST, ErrorCode.WORKER_LOST, final=True))
+        .returning(photo_jobs.c.photo_id, photo_jobs.c.attempt, photo_jobs.c.failed_at)
+    ).all()
+    letters = [OwedLetter(r.photo_id, r.attempt, ErrorCode.WORKER_LOST, r.failed_at) for r in rows]
+    marked = _mark_photos_failed(
+        connection, {letter.photo_id: letter.attempt for letter in letters}, ErrorCode.WORKER_LOST, final=True
+    )
+    return letters, marked
+
+
+# -- dead letters owed ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownCode:
+    """A row whose code this version does not know (a newer deploy wrote it): left, and counted."""
+
+    photo_id: UUID
+    code: str | None
+
+
+def lease_letters(
+    connection: Connection, *, lease_seconds: int, limit: int, photo_id: UUID | None = None
+) -> list[OwedLetter | UnknownCode]:
+    """Owed letters whose lease has passed (their first sender finished or died), leased anew."""
+    leased = photo_jobs.c.dead_letter_owed_at < func.now() - timedelta(seconds=lease_seconds)
+    owed = (
+        select(photo_jobs.c.photo_id)
+        .where(leased, _status_in(LEASE_LETTER), photo_jobs.c.photo_id == photo_id if photo_id else true())
+        .order_by(photo_jobs.c.dead_letter_owed_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("owed")
+    )
+    rows = connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id == owed.c.photo_id)
+        .values(_values(LEASE_LETTER, dead_letter_owed_at=func.now()))
+        .returning(
+            photo_jobs.c.photo_id, photo_jobs.c.attempt, photo_jobs.c.last_error_code, photo_jobs.c.failed_at
+        )
+    ).all()
+    return [_letter(row) for row in rows]
+
+
+def _letter(row: Any) -> OwedLetter | UnknownCode:
+    try:
+        return OwedLetter(row.photo_id, row.attempt, ErrorCode(row.last_error_code), row.failed_at)
+    except ValueError:
+        return UnknownCode(row.photo_id, row.last_error_code)
+
+
+def letter_wait(connection: Connection, photo_id: UUID, *, lease_seconds: int) -> float | None:
+    """Seconds until the job's owed letter may be leased; None when none is owed."""
+    wait = connection.scalar(
+        select(
+            func.extract(
+                "epoch", photo_jobs.c.dead_letter_owed_at + timedelta(seconds=lease_seconds) - func.now()
+            )
+        ).where(photo_jobs.c.photo_id == photo_id, photo_jobs.c.dead_letter_owed_at.is_not(None))
+    )
+    return None if wait is None else max(float(wait), 0.0)
+
+
+def settle_letters(connection: Connection, letters: Sequence[OwedLetter]) -> None:
+    """The queue accepted these letters: owed no more, unless the job has failed again since (its
+    new failure owes its own)."""
+    for letter in letters:
+        connection.execute(
+            update(photo_jobs)
+            .where(
+                photo_jobs.c.photo_id == letter.photo_id,
+                _status_in(SETTLE_LETTER),
+                photo_jobs.c.failed_at == letter.failed_at,
+            )
+            .values(_values(SETTLE_LETTER, dead_letter_owed_at=None))
+        )
+
+
+# -- the operator ---------------------------------------------------------------------------------
+
+
+def retry(connection: Connection, photo_ids: Sequence[UUID] | None) -> list[UUID]:
+    """The operator's retry (and redrive): the jobs of the given photos, or of every failed one,
+    back to pending, attempt 0, stamped as sent now (the caller sends one message each), any owed
+    letter taken back. A failed job of a published photo is its re-render's (its mark is kept: the
+    process function re-renders it). A job at work is left to its worker; a photo marked failed
+    with no job row gets one."""
+    failed = select(photos.c.id).where(photos.c.processing_state == "processing_failed")
+    if photo_ids is not None:
+        failed = failed.where(photos.c.id.in_(photo_ids))
+    connection.execute(
+        insert(photo_jobs)
+        .from_select(["photo_id"], failed)
+        .on_conflict_do_nothing(index_elements=[photo_jobs.c.photo_id])
+    )
+    chosen = (
+        photo_jobs.c.photo_id.in_(photo_ids)
+        if photo_ids is not None
+        else or_(photo_jobs.c.status == literal_column(f"'{FAILED}'"), photo_jobs.c.photo_id.in_(failed))
+    )
+    return list(
+        connection.scalars(
+            update(photo_jobs)
+            .where(chosen, _status_in(RETRY))
+            .values(
+                _values(
+                    RETRY,
+                    status=PENDING,
+                    attempt=0,
+                    next_retry_at=None,
+                    claimed_at=None,
+                    enqueued_at=func.now(),
+                    last_error_code=None,
+                    dead_letter_owed_at=None,
+                    failed_at=None,
+                    **_keep("rerender_to"),
+                )
+            )
+            .returning(photo_jobs.c.photo_id)
+        )
+    )
+
+
+def mark_rerender(connection: Connection, photo_ids: Sequence[UUID], version: int) -> int:
+    """Mark published photos' finished jobs for a re-render at `version` (a job at work keeps its
+    course); a photo with no job row gets one. Any letter still owed for an earlier re-render's
+    failure is taken back: the photo has its attempts again."""
+    connection.execute(
+        insert(photo_jobs)
+        .from_select(
+            ["photo_id", "status"], select(photos.c.id, literal(DONE)).where(photos.c.id.in_(photo_ids))
+        )
+        .on_conflict_do_nothing(index_elements=[photo_jobs.c.photo_id])
+    )
+    marked = connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.photo_id.in_(photo_ids), _status_in(MARK_RERENDER))
+        .values(
+            _values(
+                MARK_RERENDER,
+                status=DONE,
+                next_retry_at=None,
+                claimed_at=None,
+                enqueued_at=None,
+                dead_letter_owed_at=None,
+                failed_at=None,
+                rerender_to=version,
+                **_keep("attempt", "last_error_code"),
+            )
+        )
+        .returning(photo_jobs.c.photo_id)
+    )
+    return len(marked.all())
+
+
+def stop_rerender(connection: Connection) -> int:
+    """Clear the marks not sent yet (the photos in flight finish); marking again resumes."""
+    stopped = connection.execute(
+        update(photo_jobs)
+        .where(photo_jobs.c.rerender_to.is_not(None), _status_in(STOP_RERENDER))
+        .values(_values(STOP_RERENDER, rerender_to=None))
+        .returning(photo_jobs.c.photo_id)
+    )
+    return len(stopped.all())
+
+
+MARKED = and_(photo_jobs.c.rerender_to.is_not(None), photo_jobs.c.status == literal_column(f"'{DONE}'"))
+
+
+def start_rerender(connection: Connection, *, limit: int) -> list[UUID]:
+    """Marked jobs become ordinary pending jobs, stamped as sent now (the caller sends them): from
+    then on retries, lost messages and lost workers are handled as for any upload."""
+    marked = (
+        select(photo_jobs.c.photo_id)
+        .where(MARKED)
+        .order_by(photo_jobs.c.photo_id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("marked")
+    )
+    return list(
+        connection.scalars(
+            update(photo_jobs)
+            .where(photo_jobs.c.photo_id == marked.c.photo_id, _status_in(START_RERENDER))
+            .values(
+                _values(
+                    START_RERENDER,
+                    status=PENDING,
+                    attempt=0,
+                    next_retry_at=None,
+                    claimed_at=None,
+                    enqueued_at=func.now(),
+                    last_error_code=None,
+                    dead_letter_owed_at=None,
+                    failed_at=None,
+                    **_keep("rerender_to"),
+                )
+            )
+            .returning(photo_jobs.c.photo_id)
+        )
+    )
