@@ -75,10 +75,11 @@ TRANSITIONS: dict[str, Transition] = {}
 
 def _declare(name: str, source: str, target: str, when: str, sets: str = "") -> Transition:
     """`source`/`target`: statuses separated by `|` ("-" for a job that does not exist yet);
-    `sets`: the columns besides STATE ("*" for STATE and the upload columns)."""
-    columns = frozenset(sets.split()) - {"*"}
-    changes_status = set(target.split("|")) != set(source.split("|")) or "status" in columns
-    if changes_status:
+    `sets`: the columns it writes besides STATE (which a change of status writes whole)."""
+    columns = frozenset(sets.split())
+    if source == "-":
+        columns = frozenset()  # a new row: every column its default
+    elif set(target.split("|")) != set(source.split("|")):
         columns |= STATE
     transition = Transition(name, tuple(source.split("|")), tuple(target.split("|")), when, columns)
     TRANSITIONS[name] = transition
