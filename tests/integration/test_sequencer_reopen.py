@@ -4,12 +4,13 @@ the two sequencers' lengths, and never by an older one; on a real PostgreSQL."""
 
 from __future__ import annotations
 
+import random
 import uuid
 
 import pytest
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, insert, select, text, update
 
-from photo_publish.keys import Upload
+from photo_publish.keys import Upload, sequencer_order
 from photo_publish.models import Photo, PhotoJob
 from photo_publish.repository import PhotoRepository
 from tests.rows import job
@@ -86,3 +87,40 @@ def test_an_older_upload_arriving_late_never_reopens_a_failed_job(db: Engine, st
 
     # THEN nothing is reopened and the newest upload stays the one recorded
     assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("failed", 3, "WORKER_LOST"), "etag-newest")
+
+
+# The comparison ensure_job should make (SPEC 5), on the sequencers as S3 sent them (unpadded):
+# both right-padded to the longer one's length, in upper case, compared byte by byte.
+RIGHT_PADDED_ORDER = text(
+    """
+    SELECT sign(CASE
+        WHEN rpad(upper(a), greatest(length(a), length(b)), '0') COLLATE "C"
+           > rpad(upper(b), greatest(length(a), length(b)), '0') COLLATE "C" THEN 1
+        WHEN rpad(upper(a), greatest(length(a), length(b)), '0') COLLATE "C"
+           < rpad(upper(b), greatest(length(a), length(b)), '0') COLLATE "C" THEN -1
+        ELSE 0 END)::int
+    FROM unnest(CAST(:a AS text[]), CAST(:b AS text[])) WITH ORDINALITY AS pair(a, b, n)
+    ORDER BY n
+    """
+)
+
+
+def test_postgresqls_rpad_orders_sequencers_as_sequencer_order_does(db: Engine) -> None:
+    # GIVEN the finding's pairs, and a thousand random pairs of hex sequencers of 1 to 24 digits
+    # in either case
+    draw = random.Random(4)
+    pairs = [(NEWER_SHORTER, STORED), (OLDER_SHORTER, STORED), (OLDER_LONGER, STORED_SHORT), ("FF", "0100")]
+    for _ in range(1000):
+        digits = [
+            "".join(draw.choice("0123456789ABCDEFabcdef") for _ in range(draw.randint(1, 24))) for _ in "ab"
+        ]
+        pairs.append((digits[0], digits[1]))
+
+    # WHEN PostgreSQL orders each pair with rpad to the greater length
+    with db.connect() as connection:
+        ordered = connection.scalars(
+            RIGHT_PADDED_ORDER, {"a": [a for a, _ in pairs], "b": [b for _, b in pairs]}
+        ).all()
+
+    # THEN it agrees with S3's rule everywhere
+    assert ordered == [sequencer_order(a, b) for a, b in pairs]
