@@ -9,7 +9,11 @@ seeded dice or an outage window say, answered with a fault the real services pro
 - `slow`: forwarded after a delay;
 - `drop_request`: the connection closed (sometimes reset) before forwarding: nothing happened;
 - `drop_response`: forwarded, then the connection closed: it happened, the caller cannot know;
-- `truncate` (S3 GetObject): the headers and half the body, then the connection reset.
+- `truncate` (S3 GetObject): the headers and half the body, then the connection reset;
+- `slow_body` (S3 GetObject, outages only): the headers at once, the body spread evenly over the
+  outage's `body_seconds` (a congested or throttled link: every byte arrives, late);
+- `stall_body` (S3 GetObject, outages only): the headers and half the body, then nothing for
+  `body_seconds`, then the rest (a stalled connection: a client's read timeout ends it first).
 
 botocore retries each of these (3 attempts in the functions' standard mode), so single faults test
 the retries and outage windows (every request of a service, or of one operation, failing for a few
@@ -18,7 +22,7 @@ until the proxy is made quiet: a photo whose storage keeps failing until its att
 
 Control (the harness, on the same port; no bucket is named `__soak__`):
 GET /__soak__/stats, POST /__soak__/quiet, POST /__soak__/outage {"service", "kind", "seconds",
-"operation"?}, POST /__soak__/curse {"keys": [...]}.
+"operation"?, "body_seconds"?}, POST /__soak__/curse {"keys": [...]}.
 
 Run: python -m devkit.faultproxy --upstream http://127.0.0.1:PORT --seed N --log FILE
 (it prints its own URL on its first line of standard output).
@@ -54,7 +58,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
-KINDS = ("error_500", "error_503", "slow", "drop_request", "drop_response", "truncate")
+KINDS = (
+    "error_500",
+    "error_503",
+    "slow",
+    "drop_request",
+    "drop_response",
+    "truncate",
+    "slow_body",
+    "stall_body",
+)
+# Kinds that act on a GetObject answer's body, for `body_seconds` (outages only: no dice for them).
+BODY_KINDS = frozenset({"slow_body", "stall_body"})
 # Faults per request while chaos is on, by service (a share of all requests); `truncate` applies to
 # S3 GetObject only. botocore's three attempts absorb nearly all of them: outages do the rest.
 DEFAULT_RATES = {
@@ -116,6 +131,8 @@ class Outage:
     kind: str
     until: float
     operation: str | None = None
+    # For a body kind: how long the body takes (`slow_body`) or stalls (`stall_body`).
+    body_seconds: float = 0.0
 
 
 @dataclass
@@ -136,19 +153,12 @@ class Faults:
         self._lock = threading.Lock()
 
     def decide(self, service: str, operation: str, key: str | None) -> tuple[str | None, float]:
-        """The fault for this request (or None) and, for `slow`, its delay."""
+        """The fault for this request (or None) and its seconds: `slow`'s delay, a body kind's."""
         with self._lock:
             self.requests[f"{service}:{operation}"] += 1
             if self.quiet:
                 return None, 0.0
-            now = time.monotonic()
-            self.outages = [o for o in self.outages if o.until > now]
-            kind = None
-            if key is not None and key in self.cursed and operation == "GetObject":
-                kind = "error_500"
-            for outage in self.outages:
-                if outage.service == service and outage.operation in (None, operation):
-                    kind = outage.kind
+            kind, body_seconds = self._imposed(service, operation, key)
             if kind is None:
                 roll = self._random.random()
                 for candidate, rate in self.rates.get(service, {}).items():
@@ -158,10 +168,24 @@ class Faults:
                         kind = candidate
                         break
                     roll -= rate
-            delay = self._random.uniform(*self.slow_seconds) if kind == "slow" else 0.0
+            delay = self._random.uniform(*self.slow_seconds) if kind == "slow" else body_seconds
             if kind is not None:
                 self.counts[f"{service}:{kind}"] += 1
             return kind, delay
+
+    def _imposed(self, service: str, operation: str, key: str | None) -> tuple[str | None, float]:
+        """The fault a curse or an open outage imposes on this request, and its body seconds."""
+        now = time.monotonic()
+        self.outages = [o for o in self.outages if o.until > now]
+        kind, body_seconds = None, 0.0
+        if key is not None and key in self.cursed and operation == "GetObject":
+            kind = "error_500"
+        for outage in self.outages:
+            if outage.service == service and outage.operation in (None, operation):
+                kind, body_seconds = outage.kind, outage.body_seconds
+        if kind in BODY_KINDS and operation != "GetObject":
+            return None, 0.0
+        return kind, body_seconds
 
     def coin(self) -> bool:
         with self._lock:
@@ -178,6 +202,7 @@ class Faults:
                         body["kind"],
                         time.monotonic() + float(body["seconds"]),
                         body.get("operation"),
+                        float(body.get("body_seconds", 0.0)),
                     )
                 )
             elif action == "curse":
@@ -308,11 +333,27 @@ class ProxyHandler(BaseHTTPRequestHandler):
         except OSError:
             self._answer(502, [("Content-Type", "text/plain")], b"upstream unreachable")
             return
+        self._deliver(kind, delay, status, headers, payload)
+
+    def _deliver(
+        self, kind: str | None, delay: float, status: int, headers: list[tuple[str, str]], payload: bytes
+    ) -> None:
+        """The upstream's answer, as the fault (if any) has it reach the client."""
         if kind == "drop_response":
             self._drop()
         elif kind == "truncate" and status == 200 and len(payload) > 1:
             self._answer(status, headers, payload[: len(payload) // 2], length=len(payload))
             self._drop(reset=True)
+        elif kind == "slow_body" and status == 200 and payload and delay > 0:
+            self._pace = len(payload) / delay
+            self._answer(status, headers, payload)
+        elif kind == "stall_body" and status == 200 and len(payload) > 1:
+            self._answer(status, headers, payload[: len(payload) // 2], length=len(payload))
+            time.sleep(delay)
+            # The client has usually given up (its read timeout) and closed: the rest goes nowhere.
+            with suppress(OSError):
+                self.wfile.write(payload[len(payload) // 2 :])
+                self.wfile.flush()
         else:
             self._answer(status, headers, payload)
 

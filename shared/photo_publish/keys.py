@@ -33,6 +33,23 @@ class Upload:
     at: datetime | None = None
 
 
+def sequencer_order(a: str, b: str) -> int:
+    """Which of two uploads of one key came later, by their S3 sequencers: negative if `a` came
+    before `b`, positive if after, 0 for the same upload.
+
+    AWS's rule: "The sequencers can be of different lengths. So, to compare these values, first
+    right pad the shorter value with zeros, and then do a lexicographical comparison." A sequencer
+    is not a number: its leading zeros are significant ("FF" is after "0100"). Hex digits are
+    compared in one case (AWS's examples write them in both).
+
+    In SQL, the same order is `rpad(upper(a), w, '0') COLLATE "C"` against the same of `b`, where
+    `w = greatest(length(a), length(b))`.
+    """
+    width = max(len(a), len(b))
+    left, right = a.upper().ljust(width, "0"), b.upper().ljust(width, "0")
+    return (left > right) - (left < right)
+
+
 def parse_uuid(value: object) -> UUID:
     if not isinstance(value, str):
         raise MalformedKey(f"not a UUID: {value!r}")

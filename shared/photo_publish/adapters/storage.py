@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,12 @@ READ_AHEAD = 256 * 1024
 
 
 class OriginalStream:
-    """The body of an original, read ahead in READ_AHEAD pieces, never past the byte limit."""
+    """The body of an original, read ahead in READ_AHEAD pieces, never past the byte limit.
+
+    It counts the seconds its reads spent blocked on the body (`read_wait_seconds`): the network's
+    time, which a render deadline must not hold against the file (SPEC 5). A body that stalls is
+    ended by the S3 client's read timeout (bootstrap), a transient STORAGE_READ_FAILED.
+    """
 
     def __init__(self, body: Any, limit: int) -> None:
         self._body = body
@@ -31,6 +37,7 @@ class OriginalStream:
         self._ahead = b""
         self._offset = 0
         self.bytes_read = 0
+        self.read_wait_seconds = 0.0
 
     def read(self, size: int, /) -> bytes:
         if self._offset >= len(self._ahead):
@@ -40,10 +47,13 @@ class OriginalStream:
         return chunk
 
     def _read_body(self, size: int) -> bytes:
+        started = time.monotonic()
         try:
             chunk: bytes = self._body.read(size)
         except (BotoCoreError, OSError) as error:
             raise PhotoError(ErrorCode.STORAGE_READ_FAILED, repr(error)) from error
+        finally:
+            self.read_wait_seconds += time.monotonic() - started
         self.bytes_read += len(chunk)
         if self.bytes_read > self._limit:
             raise PhotoError(ErrorCode.ORIGINAL_TOO_LARGE, f"more than {self._limit} bytes")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import pyvips
 
@@ -89,6 +89,14 @@ class Readable(Protocol):
     def read(self, size: int, /) -> bytes: ...
 
 
+@runtime_checkable
+class WaitCounting(Protocol):
+    """A stream that counts the seconds its reads spent waiting for bytes (storage.OriginalStream):
+    the network's time, which the render's own deadline does not count."""
+
+    read_wait_seconds: float
+
+
 @dataclass(frozen=True, slots=True)
 class RenderOptions:
     thumb_size: int = 400
@@ -112,6 +120,7 @@ class RenderOptions:
     # a tiled TIFF's rows of tiles. 48 and 50 MP 8-bit phone HEICs (220 and 225 MB) pass.
     max_decode_buffer_bytes: int = 240_000_000
     # The render's own deadline: past it, the file is at fault (RENDER_TIME_EXCEEDED, permanent).
+    # It counts the decoding and encoding, not the seconds the stream spent waiting for bytes.
     render_timeout_seconds: float = 30.0
 
 
@@ -193,25 +202,33 @@ class _Deadline:
     """When the render must stop, and what stopping then means.
 
     Two deadlines, the earlier one wins: the render's own limit (the file's fault, permanent) and
-    the invocation's time left (the moment's, transient: another attempt may have the time).
+    the invocation's time left (the moment's, transient: another attempt may have the time). The
+    invocation's is wall-clock time; the render's own is moved on by every second the stream spent
+    waiting for bytes (SPEC 5: a slow or stalled S3 body is never the file's fault).
     """
 
-    at: float  # time.monotonic()
-    code: ErrorCode
+    started: float  # time.monotonic()
+    timeout: float
+    budget_at: float  # time.monotonic()
+    waited: Callable[[], float]
 
     @classmethod
-    def starting_now(cls, timeout: float, time_budget: float) -> _Deadline:
+    def starting_now(cls, timeout: float, time_budget: float, waited: Callable[[], float]) -> _Deadline:
         now = time.monotonic()
-        if time_budget < timeout:
-            return cls(now + time_budget, ErrorCode.TIME_BUDGET_EXCEEDED)
-        return cls(now + timeout, ErrorCode.RENDER_TIME_EXCEEDED)
+        return cls(now, timeout, now + time_budget, waited)
 
-    def passed(self) -> bool:
-        return time.monotonic() >= self.at
+    def passed(self) -> ErrorCode | None:
+        """The code of the deadline that has passed, if one has."""
+        render_at = self.started + self.timeout + self.waited()
+        if time.monotonic() < min(render_at, self.budget_at):
+            return None
+        return (
+            ErrorCode.RENDER_TIME_EXCEEDED if render_at < self.budget_at else ErrorCode.TIME_BUDGET_EXCEEDED
+        )
 
     def check(self, step: str) -> None:
-        if self.passed():
-            raise PhotoError(self.code, f"deadline passed {step}")
+        if (code := self.passed()) is not None:
+            raise PhotoError(code, f"deadline passed {step}")
 
     @contextmanager
     def watching(self, image: pyvips.Image, step: str) -> Iterator[None]:
@@ -222,7 +239,7 @@ class _Deadline:
         """
 
         def on_eval(evaluated: pyvips.Image, _progress: object) -> None:
-            if self.passed():
+            if self.passed() is not None:
                 evaluated.set_kill(True)
 
         image.set_progress(True)
@@ -431,14 +448,24 @@ def _read_header(
     return image, _Header.of(image, loader)
 
 
+def _waits(stream: Readable) -> Callable[[], float]:
+    """The seconds `stream` has waited for bytes so far (none known for a stream that does not count)."""
+    if isinstance(stream, WaitCounting):
+        counting = stream
+        return lambda: counting.read_wait_seconds
+    return lambda: 0.0
+
+
 def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
     """Render `thumb` and `browse` WebP variants from a stream of the original.
 
     `time_budget`: the seconds the caller can still give (an invocation's time left); the render
     stops at that or at `options.render_timeout_seconds`, whichever comes first, with
-    TIME_BUDGET_EXCEEDED (transient) or RENDER_TIME_EXCEEDED (permanent) respectively.
+    TIME_BUDGET_EXCEEDED (transient) or RENDER_TIME_EXCEEDED (permanent) respectively. A stream
+    that counts its waits for bytes (WaitCounting) has them left out of the render's own limit,
+    never out of the time budget.
     """
-    deadline = _Deadline.starting_now(options.render_timeout_seconds, time_budget)
+    deadline = _Deadline.starting_now(options.render_timeout_seconds, time_budget, _waits(original))
     stream = _StreamSource(original)
     loader = _loader(stream)
     source: pyvips.Source = stream.source
