@@ -8,18 +8,13 @@ import random
 import uuid
 
 import pytest
-from sqlalchemy import Engine, insert, select, text, update
+from sqlalchemy import Engine, insert, literal_column, select, text, update
 
+from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
-from photo_publish.models import Photo, PhotoJob
-from photo_publish.repository import PhotoRepository
+from photo_publish.publish.repository import PhotoRepository
 from tests.rows import job
-
-# ensure_job still left-pads (repository.py, _SEQUENCER_WIDTH); another engineer is restructuring
-# that module. Strict: the day it compares by S3's rule these pass, and the marks must go.
-LEFT_PADDED = pytest.mark.xfail(
-    strict=True, reason="finding 4: ensure_job compares sequencers left-padded, not right-padded"
-)
 
 # AWS's own sample sequencer (its event message structure page), and uploads of the same key whose
 # sequencers are one digit shorter: right-padded, "...F" is "...F0", after "...E5"; "...E" is
@@ -56,7 +51,6 @@ def recorded_etag(db: Engine, photo_id: uuid.UUID) -> str | None:
         return connection.scalar(select(PhotoJob.upload_etag).where(PhotoJob.photo_id == photo_id))
 
 
-@LEFT_PADDED
 def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_recorded(db: Engine) -> None:
     # GIVEN a photo failed for good after an upload with AWS's sample sequencer
     repository = PhotoRepository(db)
@@ -74,7 +68,7 @@ def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_rec
     ("stored", "late"),
     [
         pytest.param(STORED, OLDER_SHORTER, id="older-and-shorter"),
-        pytest.param(STORED_SHORT, OLDER_LONGER, id="older-and-longer", marks=LEFT_PADDED),
+        pytest.param(STORED_SHORT, OLDER_LONGER, id="older-and-longer"),
     ],
 )
 def test_an_older_upload_arriving_late_never_reopens_a_failed_job(db: Engine, stored: str, late: str) -> None:
@@ -91,20 +85,6 @@ def test_an_older_upload_arriving_late_never_reopens_a_failed_job(db: Engine, st
 
 # The comparison ensure_job should make (SPEC 5), on the sequencers as S3 sent them (unpadded):
 # both right-padded to the longer one's length, in upper case, compared byte by byte.
-RIGHT_PADDED_ORDER = text(
-    """
-    SELECT sign(CASE
-        WHEN rpad(upper(a), greatest(length(a), length(b)), '0') COLLATE "C"
-           > rpad(upper(b), greatest(length(a), length(b)), '0') COLLATE "C" THEN 1
-        WHEN rpad(upper(a), greatest(length(a), length(b)), '0') COLLATE "C"
-           < rpad(upper(b), greatest(length(a), length(b)), '0') COLLATE "C" THEN -1
-        ELSE 0 END)::int
-    FROM unnest(CAST(:a AS text[]), CAST(:b AS text[])) WITH ORDINALITY AS pair(a, b, n)
-    ORDER BY n
-    """
-)
-
-
 def test_postgresqls_rpad_orders_sequencers_as_sequencer_order_does(db: Engine) -> None:
     # GIVEN the finding's pairs, and a thousand random pairs of hex sequencers of 1 to 24 digits
     # in either case
@@ -116,11 +96,14 @@ def test_postgresqls_rpad_orders_sequencers_as_sequencer_order_does(db: Engine) 
         ]
         pairs.append((digits[0], digits[1]))
 
-    # WHEN PostgreSQL orders each pair with rpad to the greater length
+    # WHEN PostgreSQL orders each pair as the job machine's statements do
+    pair = text("unnest(CAST(:a AS text[]), CAST(:b AS text[])) WITH ORDINALITY AS pair(a, b, n)")
+    later_than = machine._sequencer_after(literal_column("a"), literal_column("b"))
     with db.connect() as connection:
-        ordered = connection.scalars(
-            RIGHT_PADDED_ORDER, {"a": [a for a, _ in pairs], "b": [b for _, b in pairs]}
+        later = connection.scalars(
+            select(later_than).select_from(pair).order_by(literal_column("n")),
+            {"a": [a for a, _ in pairs], "b": [b for _, b in pairs]},
         ).all()
 
     # THEN it agrees with S3's rule everywhere
-    assert ordered == [sequencer_order(a, b) for a, b in pairs]
+    assert later == [sequencer_order(a, b) > 0 for a, b in pairs]

@@ -23,7 +23,7 @@ from devkit import samples, uploads
 from devkit.faultproxy import ProxyControl
 from devkit.soak import fault_proxy
 from photo_publish import bootstrap
-from photo_publish.pipeline import RenderOptions, render
+from photo_publish.image.pipeline import RenderOptions, render
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.polling import poll_until
 from tests.rows import job, photo

@@ -137,7 +137,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.store.fault = fault
         request = PhotoRequest(shot.photo_id)
         if upload is not None:
-            mark = Upload(sequencer=f"{upload:X}", etag=f"etag-{upload}")
+            mark = Upload(sequencer=f"{upload:08X}", etag=f"etag-{upload}")
             request = PhotoRequest(shot.photo_id, parse_original_key(shot.key, STAGE), mark)
         result = self.service.process(request)
         self.store.fault = None
@@ -393,7 +393,7 @@ def notification(key: str, upload: int) -> str:
     marked as the stand-in machine marks it: S3's sequencer and eTag."""
     record = json.loads(load_event("sqs_s3_notification")["Records"][0]["body"])["Records"][0]
     record["s3"]["bucket"]["name"] = REAL_BUCKET
-    record["s3"]["object"] |= {"key": key, "sequencer": f"{upload:X}", "eTag": f"etag-{upload}"}
+    record["s3"]["object"] |= {"key": key, "sequencer": f"{upload:08X}", "eTag": f"etag-{upload}"}
     return json.dumps({"Records": [record]})
 
 

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from devkit import hostile, samples
+from photo_publish.adapters.storage import OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.pipeline import RenderOptions, render
-from photo_publish.storage import OriginalStream
+from photo_publish.image.pipeline import RenderOptions, render
 
 PAUSE = 1.0
 # A real photo, small enough that its decoding and encoding take a few tens of milliseconds.
