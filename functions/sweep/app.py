@@ -14,6 +14,8 @@ from photo_publish.observability import logger, metrics
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The stage names the stack whose alarms read these (SweepRowErrorsAlarm).
+    metrics.add_dimension(name="stage", value=bootstrap.settings().stage)
     summary = bootstrap.sweeper().run(lambda: context.get_remaining_time_in_millis() / 1000)
     result = summary.as_dict()
     logger.info("sweep finished", **result)

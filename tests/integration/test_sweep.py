@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, func, insert, select, update
 
-from devkit import handlers, samples, uploads
+from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap
 from photo_publish.adapters.database import create_database_engine
@@ -23,7 +24,7 @@ from photo_publish.errors import ErrorCode
 from photo_publish.jobs.sweep import Sweeper
 from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.faults import aws_fails
+from tests.faults import aws_fails, connection_killed
 from tests.rows import in_state
 
 MINUTE = timedelta(minutes=1)
@@ -314,3 +315,33 @@ def test_the_sweep_stops_when_its_time_budget_is_spent(infra: Infra, db: Engine)
     summary = sweeper(infra).run(lambda: 1.0)
 
     assert summary.out_of_time and summary.resent_pending == 0
+
+
+def test_a_step_that_fails_is_counted_and_the_rest_of_the_run_goes_on(
+    infra: Infra, db: Engine, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a lost message (a due pending row), and a database that ends the session of the run's
+    # step that reads the retired objects
+    shot = uploads.upload(
+        db, infra.s3, BUCKET, STAGE, file_name="Garden.jpg", data=(samples.IMAGES / "Garden.jpg").read_bytes()
+    )
+    stack.drop_test_events(infra.sqs, infra.queues.url)
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob).where(PhotoJob.photo_id == shot.photo_id).values(created_at=ago(11 * MINUTE))
+        )
+    capsys.readouterr()
+
+    # WHEN the scheduled sweep function runs
+    with connection_killed(bootstrap.engine(), engine, lambda s: "retired_variants" in s) as killed:
+        result = handlers.load("sweep").lambda_handler(
+            {"source": "aws.events"}, LambdaContext(timeout_seconds=60)
+        )
+
+    # THEN the run finished: the lost work was sent, the failed step counted, not raised
+    assert killed and result["resentPending"] == 1 and result["errors"] == 1
+    # AND the count went out as the metric its alarm reads (the stage's)
+    emitted = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    (metrics,) = [m for m in emitted if "Sweep_errors" in m]
+    assert metrics["Sweep_errors"] == [1.0] or metrics["Sweep_errors"] == 1.0
+    assert (metrics["service"], metrics["stage"]) == ("photo-publish", STAGE)

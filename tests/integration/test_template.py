@@ -871,6 +871,43 @@ def test_the_alarms_watch_dead_letters_queue_age_errors_and_throttles(stack: Sta
     assert stack.properties("AlarmTopic")["KmsMasterKeyId"] == "<StackKey>"
 
 
+def test_every_dead_letter_sent_pages_even_while_earlier_ones_wait(stack: Stack) -> None:
+    # The depth alarm fires on empty -> non-empty only: a second final failure while the first
+    # letter waits unread would notify nobody (SPEC 5, amended). A count of the letters sent each
+    # minute goes back to OK a quiet minute later, and so pages again at the next letter.
+    (sent,) = [
+        r["Properties"]
+        for r in stack.resources().values()
+        if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"]["MetricName"] == "NumberOfMessagesSent"
+    ]
+    assert sent["Dimensions"] == [{"Name": "QueueName", "Value": "<DeadLetterQueue.QueueName>"}]
+    assert (sent["Statistic"], sent["Threshold"], sent["ComparisonOperator"]) == (
+        "Sum",
+        1,
+        "GreaterThanOrEqualToThreshold",
+    )
+    assert sent["Period"] * sent["EvaluationPeriods"] <= 300  # within minutes
+    assert sent["TreatMissingData"] == "notBreaching"
+    assert sent["AlarmActions"] == ["<AlarmTopic>"]
+
+
+def test_the_sweeps_row_errors_alarm_reads_the_count_the_sweep_emits(stack: Stack) -> None:
+    sweep = (ROOT / "functions" / "sweep" / "app.py").read_text()
+    env = stack.function("SweepFunction")["Environment"]["Variables"]
+    (alarm,) = [
+        r["Properties"]
+        for r in stack.resources().values()
+        if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"]["MetricName"] == "Sweep_errors"
+    ]
+    assert '"errors"' in sweep and 'add_dimension(name="stage"' in sweep
+    assert alarm["Namespace"] == env["POWERTOOLS_METRICS_NAMESPACE"]
+    assert alarm["Dimensions"] == [
+        {"Name": "service", "Value": env["POWERTOOLS_SERVICE_NAME"]},
+        {"Name": "stage", "Value": stack.params["Stage"]},
+    ]
+    assert (alarm["Statistic"], alarm["Threshold"]) == ("Sum", 1)
+
+
 def test_the_outbox_alarm_reads_the_metric_the_relay_emits(stack: Stack) -> None:
     # GIVEN the metric the relay's handler emits, under the namespace and service the template sets
     relay = handlers.load("relay")

@@ -106,7 +106,7 @@ class Sweeper:
             pending = [] if backlog else self._step(summary, "stamp due", self._take_due_pending) or []
             stale = self._step(summary, "requeue lost", self._requeue_lost) or []
             lost = self._step(summary, "fail lost", self._fail_lost) or []
-            owed = self._step(summary, "lease letters", self._lease_letters) or []
+            owed = self._step(summary, "lease letters", lambda: self._lease_letters(summary)) or []
             # Every send below is answered, never raised: one refused send must not keep the rest
             # of the stamped rows waiting for another SWEEP_AFTER_SECONDS.
             letters_unsent = self._send_dead_letters(summary, lost + owed)
@@ -218,7 +218,7 @@ class Sweeper:
             writer.append_failed(connection, marked)
         return letters
 
-    def _lease_letters(self) -> list[OwedLetter]:
+    def _lease_letters(self, summary: SweepSummary) -> list[OwedLetter]:
         """Final failures whose dead letter was never accepted, leased to this run (SPEC 5).
 
         Only letters owed for longer than STALE_AFTER_SECONDS: by then the worker that marked the
@@ -230,6 +230,7 @@ class Sweeper:
             )
         for unknown in (row for row in leased if isinstance(row, UnknownCode)):
             # A newer deploy's code: that deploy's sweep sends it. Not this run's to guess.
+            summary.errors += 1
             logger.error(
                 "owed dead letter with an unknown code", photo_id=str(unknown.photo_id), code=unknown.code
             )
