@@ -30,7 +30,7 @@ ATTEMPT = 1
 
 # Each transition on one job, with its other conditions met by the row `job_in` builds.
 CALLS: dict[str, Callable[[Connection, uuid.UUID], Any]] = {
-    "ensure": lambda c, p: machine.ensure(c, p),
+    "ensure": machine.ensure,
     "reopen": lambda c, p: machine.reopen(c, p, Upload("0B", "e-new")),
     "note_upload": lambda c, p: machine.note_upload(c, p, Upload("0B", "e-new")),
     "claim": lambda c, p: machine.claim(c, p, stale_after=60, max_attempts=9),
@@ -40,7 +40,7 @@ CALLS: dict[str, Callable[[Connection, uuid.UUID], Any]] = {
     "requeue_lost": lambda c, p: machine.requeue_lost(c, stale_after=60, max_attempts=9, limit=10),
     "fail_lost": lambda c, p: machine.fail_lost(c, stale_after=60, max_attempts=ATTEMPT, limit=10),
     "publish": lambda c, p: machine.publish(c, p, ATTEMPT),
-    "settle_published": lambda c, p: machine.settle_published(c, p),
+    "settle_published": machine.settle_published,
     "stamp": lambda c, p: machine.stamp_due(c, wait=timedelta(minutes=10), limit=10),
     "unstamp": lambda c, p: machine.unstamp(c, [p]),
     "lease_letter": lambda c, p: machine.lease_letters(c, lease_seconds=60, limit=10, photo_id=p),
@@ -99,7 +99,8 @@ def test_a_transition_moves_exactly_the_jobs_it_declares(db: Engine, name: str, 
     assert changed == (status in transition.source)
     if changed:
         assert after.status in transition.target
-        moved = {c for c in photo_jobs.c.keys() if getattr(after, c) != getattr(before, c)} - {"updated_at"}
+        names = {column.name for column in photo_jobs.columns}
+        moved = {c for c in names if getattr(after, c) != getattr(before, c)} - {"updated_at"}
         assert moved <= transition.sets
 
 
