@@ -50,7 +50,8 @@ from benchmarks.delivery import moto_process
 from devkit import stack, uploads
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.outbox.relay import EventBridgeBus, Relay
-from photo_publish.publish.repository import PhotoRepository, StoredVariant
+from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish.transaction import StoredVariant
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:

@@ -19,8 +19,10 @@ from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import OriginalStream, S3Store
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
-from photo_publish.publish.repository import PhotoRepository, PublishResult
-from photo_publish.publish.service import Outcome, PhotoService, Result
+from photo_publish.publish.outcomes import Outcome, Result
+from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish.service import PhotoService
+from photo_publish.publish.transaction import PublishResult
 from photo_publish.settings import Settings
 from tests.conftest import BUCKET, STAGE, Infra
 

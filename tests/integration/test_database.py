@@ -23,8 +23,8 @@ from photo_publish.publish.repository import (
     NotClaimable,
     OwedDeadLetter,
     PhotoRepository,
-    StoredVariant,
 )
+from photo_publish.publish.transaction import StoredVariant
 from tests.rows import in_state, job
 
 STALE, ATTEMPTS = 300, 3

@@ -24,8 +24,10 @@ from photo_publish.errors import ErrorCode
 from photo_publish.events import PhotoRequest
 from photo_publish.image import pipeline
 from photo_publish.publish import service as service_module
-from photo_publish.publish.repository import PhotoRepository, PublishResult
-from photo_publish.publish.service import Outcome, PhotoService
+from photo_publish.publish.outcomes import Outcome
+from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish.service import PhotoService
+from photo_publish.publish.transaction import PublishResult
 from tests.conftest import BUCKET, STAGE, Infra
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg", "GreenMeadow.jpg")

@@ -37,8 +37,9 @@ from photo_publish.events import PhotoRequest
 from photo_publish.jobs.sweep import Sweeper
 from photo_publish.keys import Upload, parse_original_key
 from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.publish.outcomes import Outcome
 from photo_publish.publish.repository import PhotoRepository
-from photo_publish.publish.service import Outcome, PhotoService
+from photo_publish.publish.service import PhotoService
 from photo_publish.settings import Settings
 from tests.conftest import STAGE, TABLES, load_event
 from tests.faults import aws_fails

@@ -15,7 +15,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from photo_publish.budget import Remaining, forever
 from photo_publish.events import MalformedMessage, PhotoRequest, from_s3_records, from_sqs_body
 from photo_publish.observability import logger
-from photo_publish.publish.service import JobQueue, Outcome, PhotoService, Result
+from photo_publish.publish.outcomes import Outcome, Result
+from photo_publish.publish.service import JobQueue, PhotoService
 from photo_publish.settings import Settings
 
 

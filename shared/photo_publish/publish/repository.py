@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
@@ -25,7 +24,6 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    update,
 )
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -33,9 +31,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from photo_publish.adapters.tables import (
     photo_jobs,
-    photo_variants,
     photos,
-    retired_variants,
     variant_recipes,
 )
 from photo_publish.errors import ErrorCode, PhotoError
@@ -44,13 +40,10 @@ from photo_publish.jobs import machine
 from photo_publish.keys import Upload
 from photo_publish.outbox import writer
 from photo_publish.outbox.contracts import (
-    PHOTO_PUBLISHED,
-    PHOTO_VARIANTS_UPDATED,
-    PhotoPublishedPayload,
     Placeholder,
-    PublishedVariants,
-    VariantRef,
 )
+from photo_publish.publish import transaction
+from photo_publish.publish.transaction import PublishResult, StoredVariant
 
 # A final failure's dead letter that the queue has not accepted yet, now its holder's to send.
 OwedDeadLetter = machine.OwedLetter
@@ -90,22 +83,6 @@ class Exhausted:
 
 
 ClaimResult = Claimed | NotClaimable | Exhausted | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredVariant:
-    kind: Literal["thumb", "browse"]
-    key: str
-    width: int
-    height: int
-    size: int
-    content_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    outcome: Literal["published", "rerendered", "already", "skipped", "superseded"]
-    payload: PhotoPublishedPayload | None = None
 
 
 class PhotoRepository:
@@ -222,34 +199,18 @@ class PhotoRepository:
         variant_version: int,
         placeholder: Placeholder,
     ) -> PublishResult:
-        """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing.
-
-        Fenced first: only the worker that holds the job's claimed attempt may publish, so a worker
-        whose job was taken over changes nothing (its job row is locked before the photo's, the
-        order every transaction here takes them in).
-        """
+        """SPEC 4.1's one transaction (`transaction.publish`)."""
         with self._transaction() as connection:
-            if not machine.publish(connection, photo_id, attempt):
-                return PublishResult(self._superseded_or_skipped(connection, photo_id))
-            published = machine.publish_photo(
-                connection, photo_id, _rendition(width, height, variant_version, placeholder)
-            )
-            if published is None:
-                # Zero rows: published already (by a worker of an earlier claim), or deleted.
-                exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
-                return PublishResult("already" if exists else "skipped")
-            _store_variants(connection, photo_id, variants, variant_version)
-            payload, _ = _append_event(
+            return transaction.publish(
                 connection,
-                PHOTO_PUBLISHED,
                 photo_id,
-                published,
+                attempt,
                 width=width,
                 height=height,
                 variants=variants,
+                variant_version=variant_version,
                 placeholder=placeholder,
             )
-        return PublishResult("published", payload)
 
     def replace_variants(
         self,
@@ -263,71 +224,19 @@ class PhotoRepository:
         placeholder: Placeholder,
         retire_after: timedelta,
     ) -> PublishResult:
-        """SPEC 14: a published photo's variants re-rendered at a newer recipe, in one transaction.
-
-        The photo's new rows, its version bump and photo.variants_updated, or nothing. The objects
-        of the version it replaces are retired, to be deleted after `retire_after`: clients and
-        caches may still hold their keys.
-        """
+        """A re-render's one transaction (`transaction.replace_variants`)."""
         with self._transaction() as connection:
-            if not machine.publish(connection, photo_id, attempt):
-                return PublishResult(self._superseded_or_skipped(connection, photo_id))
-            replaced = connection.execute(
-                update(photos)
-                .where(
-                    photos.c.id == photo_id,
-                    photos.c.processing_state == "ready",
-                    # Published at this version meanwhile (a new upload's own render): nothing to do.
-                    func.coalesce(photos.c.variant_version, 0) < variant_version,
-                )
-                .values(**_rendition(width, height, variant_version, placeholder))
-                .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
-            ).one_or_none()
-            if replaced is None:
-                exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
-                return PublishResult("already" if exists else "skipped")
-            old_keys = connection.scalars(
-                select(photo_variants.c.storage_key).where(
-                    photo_variants.c.photo_id == photo_id,
-                    photo_variants.c.storage_key.not_in([v.key for v in variants]),
-                )
-            ).all()
-            _store_variants(connection, photo_id, variants, variant_version)
-            payload, event_id = _append_event(
+            return transaction.replace_variants(
                 connection,
-                PHOTO_VARIANTS_UPDATED,
                 photo_id,
-                replaced,
+                attempt,
                 width=width,
                 height=height,
                 variants=variants,
+                variant_version=variant_version,
                 placeholder=placeholder,
+                retire_after=retire_after,
             )
-            if old_keys:
-                # Deleted once `retire_after` has passed and the event telling consumers of the new
-                # keys has been out of the outbox as long (the sweep): the old ones may be cached.
-                connection.execute(
-                    insert(retired_variants)
-                    .values(
-                        [
-                            {
-                                "storage_key": key,
-                                "photo_id": photo_id,
-                                "delete_after": func.now() + retire_after,
-                                "event_id": event_id,
-                            }
-                            for key in old_keys
-                        ]
-                    )
-                    .on_conflict_do_nothing(index_elements=[retired_variants.c.storage_key])
-                )
-        return PublishResult("rerendered", payload)
-
-    @staticmethod
-    def _superseded_or_skipped(connection: Connection, photo_id: UUID) -> Literal["superseded", "skipped"]:
-        """A fenced-out transition: another claim owns the job, or the photo (and its job) is gone."""
-        exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
-        return "superseded" if exists else "skipped"
 
     def holds(self, photo_id: UUID, attempt: int, variant_version: int) -> bool:
         """The worker's claim still stands and the photo has no variants at this version yet: they
@@ -389,73 +298,6 @@ class PhotoRepository:
             return machine.release(connection, photo_id, attempt, code, retry_in)
 
 
-def _store_variants(
-    connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
-) -> None:
-    stmt = insert(photo_variants).values(
-        [
-            {
-                "photo_id": photo_id,
-                "kind": v.kind,
-                "storage_key": v.key,
-                "width": v.width,
-                "height": v.height,
-                "bytes": v.size,
-                "content_type": v.content_type,
-                "variant_version": variant_version,
-            }
-            for v in variants
-        ]
-    )
-    connection.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[photo_variants.c.photo_id, photo_variants.c.kind],
-            set_={
-                "storage_key": stmt.excluded.storage_key,
-                "width": stmt.excluded.width,
-                "height": stmt.excluded.height,
-                "bytes": stmt.excluded.bytes,
-                "content_type": stmt.excluded.content_type,
-                "variant_version": stmt.excluded.variant_version,
-                "updated_at": func.now(),
-            },
-        )
-    )
-
-
-def _append_event(
-    connection: Connection,
-    event_type: str,
-    photo_id: UUID,
-    photo: Any,
-    *,
-    width: int,
-    height: int,
-    variants: Sequence[StoredVariant],
-    placeholder: Placeholder,
-) -> tuple[PhotoPublishedPayload, UUID]:
-    """The outbox row of a publication or a re-render (the same payload, SPEC 14), and its id."""
-    album_id, entity_version, published_at = photo
-    assert published_at is not None  # set when the photo was published
-    refs = {
-        v.kind: VariantRef(
-            key=v.key, width=v.width, height=v.height, size=v.size, content_type=v.content_type
-        )
-        for v in variants
-    }
-    payload = PhotoPublishedPayload(
-        photo_id=photo_id,
-        album_id=album_id,
-        entity_version=entity_version,
-        published_at=published_at,
-        width=width,
-        height=height,
-        variants=PublishedVariants(**refs),
-        placeholder=placeholder,
-    )
-    return payload, writer.append_published(connection, event_type, payload)
-
-
 # SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback
 # (serialization failure, deadlock), insufficient resources, operator intervention (shutdown, and
 # statement_timeout's query_canceled).
@@ -469,17 +311,3 @@ def _unavailable(error: DBAPIError | PoolTimeout) -> bool:
         return True
     sqlstate = getattr(error.orig, "sqlstate", None) or ""
     return sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE
-
-
-def _rendition(width: int, height: int, variant_version: int, placeholder: Placeholder) -> dict[str, Any]:
-    """The photo's columns a render sets, publishing or re-rendering: its displayed size, its
-    variants' version, its placeholder, and one version bump."""
-    return {
-        "width": width,
-        "height": height,
-        "variant_version": variant_version,
-        "thumbhash": placeholder.thumbhash,
-        "average_color": placeholder.average_color,
-        "entity_version": photos.c.entity_version + 1,
-        "updated_at": func.now(),
-    }

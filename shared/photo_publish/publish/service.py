@@ -7,9 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
-from enum import StrEnum
 from functools import partial
 from typing import Protocol
 from uuid import UUID
@@ -22,32 +20,17 @@ from photo_publish.image.recipes import Recipe
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
 from photo_publish.outbox.relay import HandOff
+from photo_publish.publish.failures import Failures
+from photo_publish.publish.outcomes import Outcome, Result, Steps
 from photo_publish.publish.repository import (
     Claimed,
     Exhausted,
     NotClaimable,
-    OwedDeadLetter,
     PhotoRepository,
     PhotoRow,
-    StoredVariant,
 )
+from photo_publish.publish.transaction import StoredVariant
 from photo_publish.settings import Settings
-
-
-class Outcome(StrEnum):
-    PUBLISHED = "published"
-    # A published photo's variants replaced by a newer recipe's (a backfill, SPEC 14).
-    RERENDERED = "rerendered"
-    ALREADY = "already"
-    SKIPPED = "skipped"
-    # Not ours to work on: the job is finished, or the event names another original.
-    DUPLICATE = "duplicate"
-    IGNORED = "ignored"
-    # A newer claim owns the job: this worker's result is not recorded.
-    SUPERSEDED = "superseded"
-    FAILED = "failed"
-    DEAD_LETTERED = "dead_lettered"
-    RETRY = "retry"
 
 
 def render_options(settings: Settings) -> RenderOptions:
@@ -62,34 +45,6 @@ def render_options(settings: Settings) -> RenderOptions:
         max_decode_buffer_bytes=settings.max_decode_buffer_bytes,
         render_timeout_seconds=settings.render_timeout_seconds,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Steps:
-    claim: float
-    render: float
-    store: float
-    commit: float
-    # Of the time between claim and render: waiting for a render slot (RENDER_CONCURRENCY).
-    wait: float = 0.0
-
-    def milliseconds(self) -> dict[str, int]:
-        return {step: round(seconds * 1000) for step, seconds in asdict(self).items()}
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    outcome: Outcome
-    photo_id: UUID
-    code: ErrorCode | None = None
-    attempt: int | None = None
-    retry_in: float | None = None
-    variant_bytes: int = 0
-    # Seconds per step of a rendered attempt: find and claim the photo, stream its original in and
-    # render, store the variants, commit; and the wait for a render slot, apart.
-    steps: Steps | None = None
-    # The hand-off of the event its commit wrote (SPEC 12), where one was tried.
-    handoff: HandOff | None = None
 
 
 class OriginalStream(Readable, Protocol):
@@ -177,6 +132,7 @@ class PhotoService:
         # A record's variants are put at once: one in its own thread, the others here.
         self._puts = ThreadPoolExecutor(settings.record_concurrency, thread_name_prefix="put")
         self._recipe_checked = False
+        self._failures = Failures(repository, queue, settings, self._hand_off)
 
     def ensure_recipe(self) -> None:
         """Record this function's recipe for its VARIANT_VERSION, or raise RecipeMismatch if the
@@ -195,7 +151,7 @@ class PhotoService:
             return self._process(request, remaining)
         except PhotoError as error:
             # Failed before any attempt was claimed: the message's receive count is all that counts.
-            return self._unclaimed_failure(request.photo_id, error, receive_count)
+            return self._failures.before_claim(request.photo_id, error, receive_count)
 
     def _process(self, request: PhotoRequest, remaining: Remaining) -> Result:
         started = time.perf_counter()
@@ -215,10 +171,12 @@ class PhotoService:
             try:
                 return self._render_and_publish(photo, attempt, remaining, time.perf_counter() - started)
             except PhotoError as error:
-                return self._failure(photo.id, attempt, error)
+                return self._failures.attempt_failed(photo.id, attempt, error)
             except Exception as error:
                 logger.exception("unexpected error")
-                return self._failure(photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error)))
+                return self._failures.attempt_failed(
+                    photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error))
+                )
 
     def _photo_to_render(self, request: PhotoRequest) -> PhotoRow | Result:
         """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
@@ -253,13 +211,13 @@ class PhotoService:
             case Claimed(attempt=attempt):
                 return attempt
             case NotClaimable(status="failed"):
-                return self._owed_dead_letter(photo.id)
+                return self._failures.owed_letter(photo.id)
             case NotClaimable(retry_in=None):
                 return Result(Outcome.DUPLICATE, photo.id)
             case NotClaimable(retry_in=retry_in):
                 return Result(Outcome.RETRY, photo.id, retry_in=retry_in)
             case Exhausted(attempt=attempt):
-                return self._final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
+                return self._failures.final(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
         return Result(Outcome.SKIPPED, photo.id)
 
     def _render_and_publish(
@@ -363,89 +321,9 @@ class PhotoService:
         if failures:
             raise failures[0]
 
-    def _failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
-        """Record a claimed attempt's failure: permanent, retried after its backoff, or final."""
-        logger.warning(
-            "attempt failed", error_code=error.code, detail=error.detail, permanent=error.permanent
-        )
-        try:
-            if error.permanent:
-                if self._repository.fail(photo_id, attempt, error.code) is None:
-                    return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
-                return Result(Outcome.FAILED, photo_id, error.code, attempt, handoff=self._hand_off(photo_id))
-            if attempt >= self._settings.max_attempts:
-                return self._final_failure(photo_id, attempt, error)
-            backoff = self._settings.backoff_seconds(attempt)
-            if not self._repository.release(photo_id, attempt, error.code, backoff):
-                return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
-            return Result(Outcome.RETRY, photo_id, error.code, attempt, retry_in=backoff)
-        except PhotoError as recording:
-            # Nothing could be recorded: the job stays active under this attempt and is taken over
-            # once stale; the message comes back after the backoff to find it so.
-            logger.warning("failure not recorded", error_code=recording.code)
-            return Result(
-                Outcome.RETRY, photo_id, error.code, attempt, self._settings.backoff_seconds(attempt)
-            )
-
-    def _final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
-        failed_at = self._repository.fail(photo_id, attempt, error.code, final=True)
-        if failed_at is None:
-            return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
-        handoff = self._hand_off(photo_id)
-        result = self._send_dead_letter(
-            OwedDeadLetter(photo_id, attempt, error.code, failed_at), error.detail
-        )
-        return replace(result, handoff=handoff)
-
     def _hand_off(self, photo_id: UUID) -> HandOff | None:
         """After a commit that wrote an event: put it on the bus now (best effort, bounded)."""
         return None if self._events is None else self._events.hand_off(photo_id)
-
-    def _owed_dead_letter(self, photo_id: UUID) -> Result:
-        """A delivery for a failed job: a duplicate, unless the job still owes its dead letter."""
-        owed = self._repository.take_owed_dead_letter(
-            photo_id, lease_seconds=self._settings.stale_after_seconds
-        )
-        if owed is None:
-            return Result(Outcome.DUPLICATE, photo_id)
-        if isinstance(owed, OwedDeadLetter):
-            return self._send_dead_letter(owed, "sent again by a later delivery")
-        # Its first sender may still be sending: come back when the letter is free to take.
-        return Result(Outcome.RETRY, photo_id, retry_in=owed)
-
-    def _send_dead_letter(self, owed: OwedDeadLetter, detail: str) -> Result:
-        """Send a final failure's dead letter; until the queue accepts it, the job owes it and the
-        message comes back for it (the sweep sends it if no message does)."""
-        if not self._queue.send_dead_letter(owed.photo_id, owed.attempt, owed.code, detail):
-            return Result(
-                Outcome.RETRY,
-                owed.photo_id,
-                owed.code,
-                owed.attempt,
-                retry_in=self._settings.stale_after_seconds,
-            )
-        try:
-            self._repository.dead_letter_sent([owed])
-        except PhotoError as error:
-            # Sent, but still recorded as owed: the sweep sends it once more (a duplicate, never a loss).
-            logger.warning("dead letter sent but not recorded", error_code=error.code)
-        return Result(Outcome.DEAD_LETTERED, owed.photo_id, owed.code, owed.attempt)
-
-    def _unclaimed_failure(self, photo_id: UUID, error: PhotoError, receive_count: int) -> Result:
-        logger.warning("delivery failed before a claim", error_code=error.code, detail=error.detail)
-        if (
-            error.code is ErrorCode.PHOTO_NOT_FOUND
-            and receive_count >= self._settings.max_attempts
-            # Not accepted: the message comes back after its backoff and tries again.
-            and self._queue.send_dead_letter(photo_id, receive_count, error.code, error.detail)
-        ):
-            return Result(Outcome.DEAD_LETTERED, photo_id, error.code, receive_count)
-        retry_in = (
-            0
-            if error.code is ErrorCode.TIME_BUDGET_EXCEEDED
-            else self._settings.backoff_seconds(receive_count)
-        )
-        return Result(Outcome.RETRY, photo_id, error.code, retry_in=retry_in)
 
     @staticmethod
     def _budget(remaining: Remaining, needed: float) -> None:

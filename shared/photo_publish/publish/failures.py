@@ -1,0 +1,115 @@
+"""Every failure of a delivery ends in a recorded state (SPEC 5): permanent, retried after its
+backoff, or final with its dead letter, which the job owes until the queue accepts it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+from uuid import UUID
+
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.observability import logger
+from photo_publish.outbox.relay import HandOff
+from photo_publish.publish.outcomes import Outcome, Result
+from photo_publish.publish.repository import OwedDeadLetter, PhotoRepository
+from photo_publish.settings import Settings
+
+
+class DeadLetters(Protocol):
+    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
+
+
+class Failures:
+    def __init__(
+        self,
+        repository: PhotoRepository,
+        queue: DeadLetters,
+        settings: Settings,
+        hand_off: Callable[[UUID], HandOff | None],
+    ) -> None:
+        """`hand_off` puts the event a failure's commit wrote on the bus (best effort)."""
+        self._repository = repository
+        self._queue = queue
+        self._settings = settings
+        self._hand_off = hand_off
+
+    def attempt_failed(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
+        """Record a claimed attempt's failure: permanent, retried after its backoff, or final."""
+        logger.warning(
+            "attempt failed", error_code=error.code, detail=error.detail, permanent=error.permanent
+        )
+        try:
+            if error.permanent:
+                if self._repository.fail(photo_id, attempt, error.code) is None:
+                    return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
+                return Result(Outcome.FAILED, photo_id, error.code, attempt, handoff=self._hand_off(photo_id))
+            if attempt >= self._settings.max_attempts:
+                return self.final(photo_id, attempt, error)
+            backoff = self._settings.backoff_seconds(attempt)
+            if not self._repository.release(photo_id, attempt, error.code, backoff):
+                return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
+            return Result(Outcome.RETRY, photo_id, error.code, attempt, retry_in=backoff)
+        except PhotoError as recording:
+            # Nothing could be recorded: the job stays active under this attempt and is taken over
+            # once stale; the message comes back after the backoff to find it so.
+            logger.warning("failure not recorded", error_code=recording.code)
+            return Result(
+                Outcome.RETRY, photo_id, error.code, attempt, self._settings.backoff_seconds(attempt)
+            )
+
+    def final(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
+        failed_at = self._repository.fail(photo_id, attempt, error.code, final=True)
+        if failed_at is None:
+            return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
+        handoff = self._hand_off(photo_id)
+        result = self._send_dead_letter(
+            OwedDeadLetter(photo_id, attempt, error.code, failed_at), error.detail
+        )
+        return replace(result, handoff=handoff)
+
+    def owed_letter(self, photo_id: UUID) -> Result:
+        """A delivery for a failed job: a duplicate, unless the job still owes its dead letter."""
+        owed = self._repository.take_owed_dead_letter(
+            photo_id, lease_seconds=self._settings.stale_after_seconds
+        )
+        if owed is None:
+            return Result(Outcome.DUPLICATE, photo_id)
+        if isinstance(owed, OwedDeadLetter):
+            return self._send_dead_letter(owed, "sent again by a later delivery")
+        # Its first sender may still be sending: come back when the letter is free to take.
+        return Result(Outcome.RETRY, photo_id, retry_in=owed)
+
+    def _send_dead_letter(self, owed: OwedDeadLetter, detail: str) -> Result:
+        """Send a final failure's dead letter; until the queue accepts it, the job owes it and the
+        message comes back for it (the sweep sends it if no message does)."""
+        if not self._queue.send_dead_letter(owed.photo_id, owed.attempt, owed.code, detail):
+            return Result(
+                Outcome.RETRY,
+                owed.photo_id,
+                owed.code,
+                owed.attempt,
+                retry_in=self._settings.stale_after_seconds,
+            )
+        try:
+            self._repository.dead_letter_sent([owed])
+        except PhotoError as error:
+            # Sent, but still recorded as owed: the sweep sends it once more (a duplicate, never a loss).
+            logger.warning("dead letter sent but not recorded", error_code=error.code)
+        return Result(Outcome.DEAD_LETTERED, owed.photo_id, owed.code, owed.attempt)
+
+    def before_claim(self, photo_id: UUID, error: PhotoError, receive_count: int) -> Result:
+        logger.warning("delivery failed before a claim", error_code=error.code, detail=error.detail)
+        if (
+            error.code is ErrorCode.PHOTO_NOT_FOUND
+            and receive_count >= self._settings.max_attempts
+            # Not accepted: the message comes back after its backoff and tries again.
+            and self._queue.send_dead_letter(photo_id, receive_count, error.code, error.detail)
+        ):
+            return Result(Outcome.DEAD_LETTERED, photo_id, error.code, receive_count)
+        retry_in = (
+            0
+            if error.code is ErrorCode.TIME_BUDGET_EXCEEDED
+            else self._settings.backoff_seconds(receive_count)
+        )
+        return Result(Outcome.RETRY, photo_id, error.code, retry_in=retry_in)
