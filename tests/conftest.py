@@ -27,7 +27,9 @@ from photo_publish.settings import Settings
 EVENTS = Path(__file__).parent / "events"
 STAGE = "dev"
 BUCKET = "photo-publish-test"
-TABLES = "photos, photo_variants, photo_jobs, outbox_events, variant_recipes, retired_variants"
+TABLES = (
+    "photos, photo_variants, photo_jobs, outbox_events, variant_recipes, retired_variants, deleted_photos"
+)
 
 
 def load_event(name: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         "backfillSent",
         "backfillLeft",
         "retiredDeleted",
+        "deletedPurged",
         # Rows or steps a run could not handle (logged): the run goes on, an alarm watches this.
         "errors",
     ):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -84,3 +86,32 @@ def variant_key(
     stage: str, album_id: UUID, photo_id: UUID, *, version: int, kind: VariantKind, ext: str
 ) -> str:
     return f"{stage}/albums/{album_id}/variants/{photo_id}/{version}/{kind}.{ext}"
+
+
+def photo_prefixes(stage: str, album_id: UUID, photo_id: UUID) -> tuple[str, str]:
+    """Everything the product stores for a photo: its originals' folder, and every version of its
+    variants."""
+    return (
+        f"{stage}/originals/albums/{album_id}/{photo_id}/",
+        f"{stage}/albums/{album_id}/variants/{photo_id}/",
+    )
+
+
+# What a registered file name may not hold (SPEC 17): the key's separator, and control characters.
+_UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+MAX_FILE_NAME_BYTES = 255
+
+
+def clean_file_name(name: str) -> str:
+    """The file name as an original key ends with it: no `/` (nor `\\`), no control characters,
+    surrounding blanks and dots trimmed, at most 255 bytes of UTF-8 (cut before the extension, on
+    a character boundary). Empty if nothing is left."""
+    cleaned = _UNSAFE.sub("", unicodedata.normalize("NFC", name)).strip(" .")
+    if len(cleaned.encode()) <= MAX_FILE_NAME_BYTES:
+        return cleaned
+    stem, dot, ext = cleaned.rpartition(".")
+    if not dot or len(ext.encode()) > 16:
+        stem, ext = cleaned, ""
+    room = MAX_FILE_NAME_BYTES - len(ext.encode()) - (1 if ext else 0)
+    stem = stem.encode()[:room].decode(errors="ignore").rstrip(" .")
+    return f"{stem}.{ext}" if ext else stem

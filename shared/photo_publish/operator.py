@@ -1,11 +1,12 @@
-"""The operator's commands: `retry` failed photos, `redrive` the dead-letter queue (SPEC 5), and
-`rerender` published photos at the current recipe (SPEC 14).
+"""The operator's commands: `retry` failed photos, `redrive` the dead-letter queue (SPEC 5),
+`rerender` published photos at the current recipe (SPEC 14), and `delete` photos (SPEC 17).
 
     python -m photo_publish.operator retry PHOTO_ID [PHOTO_ID ...]
     python -m photo_publish.operator retry --all
     python -m photo_publish.operator redrive [--move-task]
     python -m photo_publish.operator rerender --all | --album ALBUM_ID | PHOTO_ID ... [--dry-run]
     python -m photo_publish.operator rerender --stop
+    python -m photo_publish.operator delete PHOTO_ID [PHOTO_ID ...] | --album ALBUM_ID
 
 All read the functions' environment (DATABASE_URL or DB_SECRET_ARN + DB_HOST, PROCESS_QUEUE_URL,
 DEAD_LETTER_QUEUE_URL, VARIANT_VERSION and the recipe's settings, ...). `retry` and `redrive` give
@@ -27,6 +28,7 @@ from sqlalchemy import Engine, select
 
 from photo_publish.adapters.models import Photo
 from photo_publish.adapters.queue import SqsQueue
+from photo_publish.adapters.storage import S3Store
 from photo_publish.events import MalformedMessage, from_sqs_body
 from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, parse_uuid
@@ -225,7 +227,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     rerender_cmd.add_argument("--album", type=UUID, help="one album's published photos")
     rerender_cmd.add_argument("--dry-run", action="store_true", help="count, estimated render time and cost")
     rerender_cmd.add_argument("--stop", action="store_true", help="clear the marks not sent yet")
+    delete_cmd = commands.add_parser(
+        "delete", help="delete photos: objects, rows, a photo.deleted event each"
+    )
+    delete_cmd.add_argument("photo_ids", nargs="*", type=UUID)
+    delete_cmd.add_argument("--album", type=UUID, help="every photo of one album (an erasure request)")
     args = parser.parse_args(argv)
+
+    if args.command == "delete":
+        if not (args.photo_ids or args.album):
+            parser.error("name photo ids, or --album")
+        print(json.dumps({"deleted": [str(p) for p in delete_photos(args.photo_ids, args.album)]}))
+        return
 
     if args.command == "rerender":
         print(json.dumps(_rerender(parser, args, bootstrap.engine(), bootstrap.settings())))
@@ -250,6 +263,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                 }
             )
         )
+
+
+def delete_photos(photo_ids: Sequence[UUID], album_id: UUID | None) -> list[UUID]:
+    """Delete the named photos, or an album's; the ids deleted (unknown ones are not)."""
+    from photo_publish import bootstrap, uploads
+
+    engine, settings = bootstrap.engine(), bootstrap.settings()
+    chosen = list(photo_ids)
+    if album_id is not None:
+        with engine.connect() as connection:
+            chosen += connection.scalars(select(Photo.id).where(Photo.album_id == album_id)).all()
+    store = S3Store(bootstrap.s3_client(), settings.photo_bucket)
+    return [
+        photo_id for photo_id in dict.fromkeys(chosen) if uploads.delete(engine, store, settings, photo_id)
+    ]
 
 
 def _rerender(

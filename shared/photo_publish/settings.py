@@ -75,6 +75,14 @@ class Settings:
     # Published outbox rows are deleted after this many days (the bus's archive keeps the events).
     outbox_retention_days: int = field(default=7, metadata=_between(1))
 
+    # Uploads (SPEC 17): how long a registration's presigned POST is valid, and where variants are
+    # served from (the CDN's URL: the status answer's URLs are built from it; empty, keys only).
+    upload_expiry_seconds: int = field(default=600, metadata=_between(60, 3600))
+    variant_base_url: str = field(default="", metadata=_pattern(r"(|https?://[^\s]+)"))
+    # A deleted photo's tombstone is kept this long: an event for it arriving later (the queue keeps
+    # messages up to 14 days) is acknowledged, not retried until it pages.
+    tombstone_retention_days: int = field(default=14, metadata=_between(1))
+
     max_attempts: int = field(default=3, metadata=_between(1))
     max_receive_count: int = field(default=5, metadata=_between(1))
     retry_base_seconds: int = field(default=30, metadata=_between(0))

@@ -49,6 +49,7 @@ CALLS: dict[str, Callable[[Connection, uuid.UUID], Any]] = {
     "mark_rerender": lambda c, p: machine.mark_rerender(c, [p], 9),
     "stop_rerender": lambda c, p: machine.stop_rerender(c),
     "start_rerender": lambda c, p: machine.start_rerender(c, limit=10),
+    "delete": lambda c, p: machine.delete(c, p, purge_after=timedelta(minutes=5)),
 }
 
 
@@ -77,7 +78,7 @@ def job_in(db: Engine, status: str) -> uuid.UUID:
 
 def row(db: Engine, photo_id: uuid.UUID) -> Any:
     with db.connect() as connection:
-        return connection.execute(select(photo_jobs).where(photo_jobs.c.photo_id == photo_id)).one()
+        return connection.execute(select(photo_jobs).where(photo_jobs.c.photo_id == photo_id)).one_or_none()
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -95,6 +96,9 @@ def test_a_transition_moves_exactly_the_jobs_it_declares(db: Engine, name: str, 
 
     # THEN it changed the job exactly when the declaration says, into a declared status, and only
     # the columns the declaration names
+    if transition.target == ("-",):
+        assert (after is None) == (status in transition.source)
+        return
     changed = after.updated_at != before.updated_at
     assert changed == (status in transition.source)
     if changed:

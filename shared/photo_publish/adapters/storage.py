@@ -99,6 +99,22 @@ class S3Store:
             deleted += [key for key in chunk if key not in failed]
         return deleted
 
+    def delete_under(self, prefixes: Sequence[str]) -> bool:
+        """Delete every object under each prefix (a deleted photo's original and all its variants);
+        False if any could not be listed or deleted (left for a later purge)."""
+        complete = True
+        for prefix in prefixes:
+            try:
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self._bucket, Prefix=prefix
+                )
+                keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+            except (ClientError, BotoCoreError):
+                complete = False
+                continue
+            complete &= len(self.delete_variants(keys)) == len(keys)
+        return complete
+
     def put_variant(self, key: str, data: bytes, content_type: str) -> None:
         try:
             self._client.put_object(

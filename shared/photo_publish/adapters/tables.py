@@ -10,6 +10,7 @@ record (issue 17).
 from __future__ import annotations
 
 from sqlalchemy import (
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -69,6 +70,8 @@ photos = Table(
     Column("average_color", Text),
     # The recipe version of its published variants (migration 0007).
     Column("variant_version", Integer),
+    # The upload said its user agreed to keep the photo's location (migration 0009, SPEC 18).
+    Column("keep_location", Boolean, nullable=False, server_default=text("false")),
     *_created_updated(),
     CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
     CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
@@ -182,6 +185,21 @@ retired_variants = Table(
     # old objects go only once it has left the outbox, a grace period ago.
     Column("event_id", Uuid),
     Index("retired_variants_due_idx", "delete_after"),
+)
+
+# A deleted photo's tombstone (migration 0009): later events for it are acknowledged, and the sweep
+# purges its objects once more after `purge_after` (a render that raced the deletion).
+deleted_photos = Table(
+    "deleted_photos",
+    metadata,
+    Column("photo_id", Uuid, primary_key=True),
+    Column("album_id", Uuid, nullable=False),
+    Column("original_key", Text, nullable=False),
+    Column("deleted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    _timestamp("purge_after", nullable=False),
+    _timestamp("purged_at"),
+    Index("deleted_photos_purge_idx", "purge_after", postgresql_where=text("purged_at IS NULL")),
+    Index("deleted_photos_purged_idx", "purged_at", postgresql_where=text("purged_at IS NOT NULL")),
 )
 
 outbox_events = Table(

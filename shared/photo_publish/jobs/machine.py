@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert
 
-from photo_publish.adapters.tables import photo_jobs, photos
+from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, photos
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
 
@@ -77,8 +77,8 @@ def _declare(name: str, source: str, target: str, when: str, sets: str = "") -> 
     """`source`/`target`: statuses separated by `|` ("-" for a job that does not exist yet);
     `sets`: the columns it writes besides STATE (which a change of status writes whole)."""
     columns = frozenset(sets.split())
-    if source == "-":
-        columns = frozenset()  # a new row: every column its default
+    if "-" in (source, target):
+        columns = frozenset()  # a new row, every column its default; or the row is gone
     elif set(target.split("|")) != set(source.split("|")):
         columns |= STATE
     transition = Transition(name, tuple(source.split("|")), tuple(target.split("|")), when, columns)
@@ -151,6 +151,12 @@ STOP_RERENDER = _declare("stop_rerender", DONE, DONE, "marked and not sent yet",
 START_RERENDER = _declare(
     "start_rerender", DONE, PENDING, "marked: the sweep sends it while the queue is short"
 )
+DELETE = _declare(
+    "delete",
+    f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
+    "-",
+    "the photo is deleted: with its job, variant rows and waiting events; a tombstone stays",
+)
 
 
 def _values(transition: Transition, **values: Any) -> dict[str, Any]:
@@ -173,9 +179,15 @@ def _keep(*columns: str) -> dict[str, Any]:
 # -- created --------------------------------------------------------------------------------------
 
 
-def register(connection: Connection, photo_id: UUID, album_id: UUID, original_key: str) -> None:
+def register(
+    connection: Connection, photo_id: UUID, album_id: UUID, original_key: str, *, keep_location: bool = False
+) -> None:
     """What an upload API writes (SPEC 11): the photo and its job; every other column its default."""
-    connection.execute(photos.insert().values(id=photo_id, album_id=album_id, original_key=original_key))
+    connection.execute(
+        photos.insert().values(
+            id=photo_id, album_id=album_id, original_key=original_key, keep_location=keep_location
+        )
+    )
     connection.execute(photo_jobs.insert().values(photo_id=photo_id))
 
 
@@ -768,3 +780,53 @@ def start_rerender(connection: Connection, *, limit: int) -> list[UUID]:
             .returning(photo_jobs.c.photo_id)
         )
     )
+
+
+# -- deletion -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """A deleted photo: where its objects were, and its last entity version (for its event)."""
+
+    photo_id: UUID
+    album_id: UUID
+    original_key: str
+    entity_version: int
+    deleted_at: datetime
+
+
+def delete(connection: Connection, photo_id: UUID, *, purge_after: timedelta) -> Deleted | None:
+    """The photo leaves the product's tables: its row (its job and variant rows with it), its events
+    still waiting in the outbox; a tombstone stays, so that a later event for it is acknowledged and
+    the sweep purges its objects once more after `purge_after` (a worker that raced the deletion
+    finds its claim gone and commits nothing, but may have put variants meanwhile). None if there
+    was no such photo. Whatever state the job was in: a worker holding it is fenced out."""
+    # The job's row first, the order every transaction takes them in (a publish locks its job,
+    # then its photo): a deletion racing a commit waits for it instead of deadlocking with it.
+    connection.execute(
+        select(photo_jobs.c.photo_id).where(photo_jobs.c.photo_id == photo_id).with_for_update()
+    )
+    gone = connection.execute(
+        photos.delete()
+        .where(photos.c.id == photo_id)
+        .returning(photos.c.album_id, photos.c.original_key, photos.c.entity_version, func.now())
+    ).one_or_none()
+    if gone is None:
+        return None
+    connection.execute(
+        outbox_events.delete().where(
+            outbox_events.c.aggregate_id == photo_id, outbox_events.c.published_at.is_(None)
+        )
+    )
+    connection.execute(
+        insert(deleted_photos)
+        .values(
+            photo_id=photo_id,
+            album_id=gone.album_id,
+            original_key=gone.original_key,
+            purge_after=func.now() + purge_after,
+        )
+        .on_conflict_do_nothing(index_elements=[deleted_photos.c.photo_id])
+    )
+    return Deleted(photo_id, gone.album_id, gone.original_key, gone.entity_version, gone[3])

@@ -15,13 +15,14 @@ from datetime import timedelta
 from typing import Protocol, TypeVar
 from uuid import UUID
 
-from sqlalchemy import Engine, and_, delete, exists, func, or_, select
+from sqlalchemy import Engine, and_, delete, exists, func, or_, select, update
 
-from photo_publish.adapters.tables import outbox_events, photo_jobs, retired_variants
+from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, retired_variants
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.jobs.machine import OwedLetter, UnknownCode
+from photo_publish.keys import photo_prefixes
 from photo_publish.observability import logger
 from photo_publish.outbox import writer
 from photo_publish.settings import Settings
@@ -45,6 +46,8 @@ class SweepSummary:
     backfill_sent: int = 0
     backfill_left: int = 0
     retired_deleted: int = 0
+    # Deleted photos whose objects were purged once more (a render may have raced the deletion).
+    deleted_purged: int = 0
     # Rows or steps that could not be handled this run (logged): a bad row never stops the run.
     errors: int = 0
     # The queue held a backlog: due pending rows were left to it.
@@ -62,6 +65,7 @@ class SweepSummary:
             "backfillSent": self.backfill_sent,
             "backfillLeft": self.backfill_left,
             "retiredDeleted": self.retired_deleted,
+            "deletedPurged": self.deleted_purged,
             "errors": self.errors,
             "backlog": self.backlog,
             "batches": self.batches,
@@ -71,6 +75,7 @@ class SweepSummary:
 
 class VariantStore(Protocol):
     def delete_variants(self, keys: Sequence[str]) -> list[str]: ...
+    def delete_under(self, prefixes: Sequence[str]) -> bool: ...
 
 
 class Sweeper:
@@ -126,6 +131,7 @@ class Sweeper:
             )
             summary.backfill_left = self._step(summary, "backfill left", self._backfill_left) or 0
             summary.retired_deleted = self._step(summary, "retired", self._delete_retired) or 0
+            summary.deleted_purged = self._step(summary, "purge deleted", self._purge_deleted) or 0
         return summary
 
     @staticmethod
@@ -185,6 +191,37 @@ class Sweeper:
                     delete(retired_variants).where(retired_variants.c.storage_key.in_(deleted))
                 )
         return len(deleted)
+
+    def _purge_deleted(self) -> int:
+        """Delete, once more, the objects of photos deleted longer ago than any worker can hold one
+        (a render that raced the deletion may have put variants after it); tombstones past their
+        retention go."""
+        due = (
+            select(deleted_photos.c.photo_id, deleted_photos.c.album_id)
+            .where(deleted_photos.c.purged_at.is_(None), deleted_photos.c.purge_after < func.now())
+            .order_by(deleted_photos.c.purge_after)
+            .limit(self._batch_size)
+            .with_for_update(skip_locked=True)
+        )
+        stage = self._settings.stage
+        with self._engine.begin() as connection:
+            rows = connection.execute(due).all()
+            purged = [
+                r.photo_id
+                for r in rows
+                if self._store.delete_under(photo_prefixes(stage, r.album_id, r.photo_id))
+            ]
+            if purged:
+                connection.execute(
+                    update(deleted_photos)
+                    .where(deleted_photos.c.photo_id.in_(purged))
+                    .values(purged_at=func.now())
+                )
+            retention = timedelta(days=self._settings.tombstone_retention_days)
+            connection.execute(
+                delete(deleted_photos).where(deleted_photos.c.purged_at < func.now() - retention)
+            )
+        return len(purged)
 
     def _take_due_pending(self) -> list[UUID]:
         """Stamp and return pending rows that waited SWEEP_AFTER_SECONDS past their due time."""

@@ -323,3 +323,55 @@ _FAILED_KEYS = (
 def _utc_text(instant: datetime) -> str:
     """ISO-8601 in UTC, spelt with "Z"."""
     return instant.isoformat().removesuffix("+00:00") + "Z"
+
+
+# --- photo.deleted (SPEC 17) --------------------------------------------------------------------
+
+PHOTO_DELETED = "photo.deleted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhotoDeletedPayload:
+    """SPEC 17: written in the transaction that deletes a photo; the photo's last event. Its
+    entityVersion is one past the photo's last, so that a consumer ordering by it puts it last."""
+
+    schema_version: Literal[1] = 1
+    photo_id: UUID
+    album_id: UUID
+    entity_version: int
+    deleted_at: datetime
+
+    def __post_init__(self) -> None:
+        if type(self.schema_version) is not int or self.schema_version != 1:
+            raise InvalidPayload(f"schemaVersion must be 1, got {self.schema_version!r}")
+        for key, value in (("photoId", self.photo_id), ("albumId", self.album_id)):
+            if not isinstance(value, UUID):
+                raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
+        _at_least(1, entityVersion=self.entity_version)
+        if not isinstance(self.deleted_at, datetime) or self.deleted_at.utcoffset() is None:
+            raise InvalidPayload(f"deletedAt must carry a time zone, got {self.deleted_at!r}")
+        object.__setattr__(self, "deleted_at", self.deleted_at.astimezone(UTC))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schemaVersion": self.schema_version,
+            "photoId": str(self.photo_id),
+            "albumId": str(self.album_id),
+            "entityVersion": self.entity_version,
+            "deletedAt": _utc_text(self.deleted_at),
+        }
+
+    @classmethod
+    def from_json(cls, document: object) -> Self:
+        """A consumer's reading of `to_json`'s document: every key present, no other, each valid."""
+        members = _members(document, _DELETED_KEYS, "payload")
+        return cls(
+            schema_version=members["schemaVersion"],
+            photo_id=_uuid("photoId", members["photoId"]),
+            album_id=_uuid("albumId", members["albumId"]),
+            entity_version=members["entityVersion"],
+            deleted_at=_instant("deletedAt", members["deletedAt"]),
+        )
+
+
+_DELETED_KEYS = ("schemaVersion", "photoId", "albumId", "entityVersion", "deletedAt")

@@ -9,9 +9,11 @@ from uuid import UUID
 from sqlalchemy import Connection, insert
 
 from photo_publish.adapters.tables import outbox_events
-from photo_publish.jobs.machine import MarkedFailed
+from photo_publish.jobs.machine import Deleted, MarkedFailed
 from photo_publish.outbox.contracts import (
+    PHOTO_DELETED,
     PHOTO_FAILED,
+    PhotoDeletedPayload,
     PhotoFailedPayload,
     PhotoPublishedPayload,
 )
@@ -47,6 +49,17 @@ def append_failed(connection: Connection, marked: Sequence[MarkedFailed]) -> Non
     ]
     if rows:
         connection.execute(insert(outbox_events), rows)
+
+
+def append_deleted(connection: Connection, deleted: Deleted) -> None:
+    """The photo's last event: it is gone, one version past its last."""
+    payload = PhotoDeletedPayload(
+        photo_id=deleted.photo_id,
+        album_id=deleted.album_id,
+        entity_version=deleted.entity_version + 1,
+        deleted_at=deleted.deleted_at,
+    )
+    connection.execute(insert(outbox_events).values(_row(PHOTO_DELETED, deleted.photo_id, payload.to_json())))
 
 
 def _row(event_type: str, photo_id: UUID, payload: dict[str, object]) -> dict[str, Any]:

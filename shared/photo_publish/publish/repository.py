@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from photo_publish.adapters.tables import (
+    deleted_photos,
     photo_jobs,
     photos,
     variant_recipes,
@@ -143,6 +144,14 @@ class PhotoRepository:
                 .where(photos.c.id == photo_id)
             ).one_or_none()
         return None if row is None else PhotoRow(*row)
+
+    def was_deleted(self, photo_id: UUID) -> bool:
+        """The photo was deleted (its tombstone stands): an event for it has nothing left to do."""
+        with self._transaction() as connection:
+            found = connection.scalar(
+                select(deleted_photos.c.photo_id).where(deleted_photos.c.photo_id == photo_id)
+            )
+        return found is not None
 
     def ensure_job(self, photo_id: UUID, *, upload: Upload | None = None) -> None:
         """The photo's job, created if the photo exists; a newer upload of its original reopens a

@@ -1,0 +1,215 @@
+"""The app's side (SPEC 17): register an upload a browser makes, watch it, delete it.
+
+For an app's own API (`register`, `status`, `delete`, given a caller that has already checked the
+user's right to the album) and for the upload function's routes. Registration writes the photo and
+its job in one transaction and answers a presigned POST whose policy S3 itself enforces: the exact
+key, the size range, the declared type and the bucket's encryption. A presigned PUT cannot bound
+the size; a POST policy can.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from sqlalchemy import Engine, select
+
+from photo_publish.adapters.tables import photo_variants, photos
+from photo_publish.errors import ErrorCode
+from photo_publish.jobs import machine
+from photo_publish.keys import MalformedKey, clean_file_name, original_key, parse_uuid, photo_prefixes
+from photo_publish.outbox import writer
+from photo_publish.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+# What SPEC 3 decodes, by the Content-Type a browser declares for it.
+ACCEPTED_TYPES = frozenset(
+    {
+        "image/jpeg",
+        "image/png",
+        "image/webp",
+        "image/tiff",
+        "image/gif",
+        "image/avif",
+        "image/heic",
+        "image/heif",
+    }
+)
+# The bucket's default encryption (template: SSE-S3), bound in the policy so that no upload asks
+# for another.
+ENCRYPTION = "AES256"
+
+
+class Refused(ValueError):
+    """A request the API answers with 400: `reason` is a stable code, the message says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    photo_id: UUID
+    album_id: UUID
+    key: str
+    url: str
+    fields: dict[str, str]
+    expires_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "photoId": str(self.photo_id),
+            "albumId": str(self.album_id),
+            "key": self.key,
+            "upload": {"url": self.url, "fields": self.fields},
+            "expiresAt": self.expires_at.isoformat().replace("+00:00", "Z"),
+        }
+
+
+def register(
+    engine: Engine,
+    s3: S3Client,
+    settings: Settings,
+    *,
+    album_id: str | UUID,
+    file_name: str,
+    content_type: str,
+    size: int | None = None,
+    keep_location: bool = False,
+) -> Registration:
+    """A new photo in `album_id` and the POST that uploads its original; Refused for a request that
+    cannot be one (an album id that is not a UUID, a file name that cleans to nothing, a type SPEC 3
+    does not decode, a size outside 1..MAX_ORIGINAL_BYTES)."""
+    album = _album(album_id)
+    name = clean_file_name(file_name) if isinstance(file_name, str) else ""
+    if not name:
+        raise Refused("FILE_NAME_INVALID", "the file name is empty once cleaned of / and control characters")
+    if content_type not in ACCEPTED_TYPES:
+        raise Refused("CONTENT_TYPE_UNSUPPORTED", f"{content_type!r} is not one of {sorted(ACCEPTED_TYPES)}")
+    limit = settings.max_original_bytes
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit):
+        raise Refused("SIZE_INVALID", f"size must be between 1 and {limit} bytes, got {size!r}")
+
+    photo_id = uuid.uuid4()
+    key = original_key(settings.stage, album, photo_id, name)
+    with engine.begin() as connection:
+        machine.register(connection, photo_id, album, key, keep_location=keep_location)
+    # Signed, not sent: the browser's POST carries the policy, and S3 refuses what it does not allow.
+    post = s3.generate_presigned_post(
+        Bucket=settings.photo_bucket,
+        Key=key,
+        Fields={"Content-Type": content_type, "x-amz-server-side-encryption": ENCRYPTION},
+        Conditions=[
+            {"bucket": settings.photo_bucket},
+            ["eq", "$key", key],
+            ["content-length-range", 1, size or limit],
+            {"Content-Type": content_type},
+            {"x-amz-server-side-encryption": ENCRYPTION},
+        ],
+        ExpiresIn=settings.upload_expiry_seconds,
+    )
+    expires = datetime.now(UTC) + timedelta(seconds=settings.upload_expiry_seconds)
+    return Registration(photo_id, album, key, post["url"], dict(post["fields"]), expires)
+
+
+def _album(album_id: str | UUID) -> UUID:
+    if isinstance(album_id, UUID):
+        return album_id
+    try:
+        return parse_uuid(album_id)
+    except MalformedKey:
+        raise Refused("ALBUM_ID_INVALID", f"the album id must be a UUID, got {album_id!r}") from None
+
+
+# What a client shows its user for a failed photo, by code.
+IN_WORDS = {
+    ErrorCode.ORIGINAL_NOT_FOUND: "The upload never arrived.",
+    ErrorCode.ORIGINAL_TOO_LARGE: "The file is larger than this service accepts.",
+    ErrorCode.UNSUPPORTED_FORMAT: "The file is not a picture format this service reads.",
+    ErrorCode.DECODE_FAILED: "The file is damaged or incomplete.",
+    ErrorCode.DIMENSIONS_EXCEEDED: "The picture is larger (in pixels) than this service accepts.",
+    ErrorCode.ENCODE_FAILED: "The picture could not be converted.",
+    ErrorCode.RENDER_TIME_EXCEEDED: "The picture took too long to convert.",
+    ErrorCode.STORAGE_READ_FAILED: "Storage could not be read; it will be tried again by an operator.",
+    ErrorCode.STORAGE_WRITE_FAILED: "Storage could not be written; it will be tried again by an operator.",
+    ErrorCode.DATABASE_UNAVAILABLE: "The service was unavailable; it will be tried again by an operator.",
+    ErrorCode.TIME_BUDGET_EXCEEDED: "The service ran out of time; it will be tried again by an operator.",
+    ErrorCode.PHOTO_NOT_FOUND: "The photo was not registered before its upload.",
+    ErrorCode.UNEXPECTED_ERROR: "Something went wrong on our side; an operator has been told.",
+    ErrorCode.WORKER_LOST: "Converting it failed repeatedly; an operator has been told.",
+}
+
+
+def status(engine: Engine, photo_id: str | UUID, *, base_url: str = "") -> dict[str, Any] | None:
+    """What a polling client needs: the state, the error in words, the variants (with URLs under
+    `base_url` when one is set) and the placeholder; None for an unknown photo."""
+    try:
+        photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
+    except MalformedKey:
+        return None
+    with engine.connect() as connection:
+        photo = connection.execute(select(photos).where(photos.c.id == photo_uuid)).one_or_none()
+        if photo is None:
+            return None
+        variants = connection.execute(
+            select(photo_variants)
+            .where(photo_variants.c.photo_id == photo_uuid)
+            .order_by(photo_variants.c.width)
+        ).all()
+    code = ErrorCode(photo.error_code) if photo.error_code else None
+    state = {"ready": "published", "processing_failed": "failed"}.get(photo.processing_state, "processing")
+    base = base_url.rstrip("/")
+    return {
+        "photoId": str(photo.id),
+        "albumId": str(photo.album_id),
+        "state": state,
+        "errorCode": code.value if code else None,
+        "error": IN_WORDS.get(code) if code else None,
+        "entityVersion": photo.entity_version,
+        "width": photo.width,
+        "height": photo.height,
+        "variants": {
+            v.kind: {
+                "key": v.storage_key,
+                "width": v.width,
+                "height": v.height,
+                "bytes": v.bytes,
+                "contentType": v.content_type,
+            }
+            | ({"url": f"{base}/{v.storage_key}"} if base else {})
+            for v in variants
+        },
+        "placeholder": (
+            {"thumbhash": photo.thumbhash, "averageColor": photo.average_color} if photo.thumbhash else None
+        ),
+    }
+
+
+def delete(engine: Engine, s3_store: Any, settings: Settings, photo_id: str | UUID) -> bool:
+    """The photo leaves the product everywhere the product put it: its rows and waiting events at
+    once (with a `photo.deleted` event), then its original and every variant of every version. A
+    render that raced it commits nothing; objects it may have put meanwhile are purged by the sweep
+    once no worker can still hold the photo (STALE_AFTER_SECONDS). False for an unknown photo."""
+    try:
+        photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
+    except MalformedKey:
+        return False
+    with engine.begin() as connection:
+        deleted = machine.delete(connection, photo_uuid, purge_after=purge_after(settings))
+        if deleted is None:
+            return False
+        writer.append_deleted(connection, deleted)
+    # Best effort now; the sweep's purge deletes whatever this could not.
+    s3_store.delete_under(photo_prefixes(settings.stage, deleted.album_id, photo_uuid))
+    return True
+
+
+def purge_after(settings: Settings) -> timedelta:
+    """When a deleted photo's objects are purged once more: after any worker that held it is stale."""
+    return timedelta(seconds=settings.stale_after_seconds + settings.record_budget_seconds)

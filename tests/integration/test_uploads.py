@@ -1,0 +1,230 @@
+"""The app's side (SPEC 17) through its real parts: a registration's POST to S3 (moto's server),
+the process function, the status a client polls, and deletion, racing renders included.
+
+moto's S3 accepts a browser's POST and stores the object, but does not check the policy it
+carries (a wrong size, type or key is stored all the same): what S3 refuses is shown against
+LocalStack, which does (tests/localstack).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import requests
+from sqlalchemy import Engine, func, select, update
+
+from devkit import handlers, samples
+from photo_publish import bootstrap, uploads
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.storage import S3Store
+from photo_publish.adapters.tables import deleted_photos
+from photo_publish.keys import photo_prefixes
+from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
+from tests.conftest import BUCKET, STAGE, Infra
+from tests.polling import poll_until
+from tests.rows import published
+
+JPEG = (samples.IMAGES / "Garden.jpg").read_bytes()
+
+
+def post(registration: uploads.Registration, data: bytes, file_name: str = "photo.jpg") -> requests.Response:
+    """What the browser does with the answer: a multipart POST of the fields, then the file."""
+    return requests.post(
+        registration.url, data=registration.fields, files={"file": (file_name, data)}, timeout=30
+    )
+
+
+def register(infra: Infra, db: Engine, **overrides: Any) -> uploads.Registration:
+    request = {"album_id": str(uuid.uuid4()), "file_name": "Garden.jpg", "content_type": "image/jpeg"}
+    return uploads.register(db, infra.s3, infra.settings, **(request | overrides))
+
+
+def keys_under(infra: Infra, album_id: uuid.UUID, photo_id: uuid.UUID) -> list[str]:
+    found = []
+    for prefix in photo_prefixes(STAGE, album_id, photo_id):
+        found += [
+            o["Key"] for o in infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        ]
+    return found
+
+
+def test_a_registered_upload_posted_by_a_browser_is_published(infra: Infra, db: Engine) -> None:
+    # GIVEN a registration (the photo's and its job's rows, and a POST to S3)
+    registration = register(infra, db, file_name="Summer/../evening\x07 walk.jpg", size=len(JPEG))
+
+    # THEN its key is the cleaned name under a photo id the server chose, and the rows are there
+    assert registration.key == (
+        f"{STAGE}/originals/albums/{registration.album_id}/{registration.photo_id}/Summer..evening walk.jpg"
+    )
+    assert registration.fields["key"] == registration.key
+    with db.connect() as c:
+        assert (
+            c.scalar(select(PhotoJob.status).where(PhotoJob.photo_id == registration.photo_id)) == "pending"
+        )
+    assert uploads.status(db, registration.photo_id)["state"] == "processing"  # type: ignore[index]
+
+    # WHEN the browser posts the file with the returned fields, and the queue runs
+    assert post(registration, JPEG).status_code in (200, 201, 204)
+    poll_until(infra, published(db, registration.photo_id))
+
+    # THEN the photo is published, and its status says so with URLs under the configured base
+    answer = uploads.status(db, registration.photo_id, base_url="https://cdn.example.com/")
+    assert answer is not None and answer["state"] == "published" and answer["error"] is None
+    browse = answer["variants"]["browse"]
+    assert browse["url"] == f"https://cdn.example.com/{browse['key']}"
+    assert answer["placeholder"]["averageColor"].startswith("#")
+    with db.connect() as c:
+        assert (
+            c.scalar(
+                select(func.count()).where(
+                    OutboxEvent.aggregate_id == registration.photo_id,
+                    OutboxEvent.event_type == PHOTO_PUBLISHED,
+                )
+            )
+            == 1
+        )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"album_id": "not-a-uuid"}, "ALBUM_ID_INVALID"),
+        ({"file_name": "/\x00\x1f/"}, "FILE_NAME_INVALID"),
+        ({"file_name": " . "}, "FILE_NAME_INVALID"),
+        ({"content_type": "application/pdf"}, "CONTENT_TYPE_UNSUPPORTED"),
+        ({"size": 0}, "SIZE_INVALID"),
+        ({"size": 104_857_601}, "SIZE_INVALID"),
+    ],
+)
+def test_a_request_that_cannot_be_an_upload_is_refused_with_its_reason_and_writes_nothing(
+    infra: Infra, db: Engine, overrides: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(uploads.Refused) as refused:
+        register(infra, db, **overrides)
+    assert refused.value.reason == reason
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).select_from(Photo)) == 0
+
+
+def test_the_policy_binds_the_key_the_size_the_type_and_the_encryption(infra: Infra, db: Engine) -> None:
+    import base64
+    import json
+
+    registration = register(infra, db, content_type="image/heic", size=1234)
+    policy = json.loads(base64.b64decode(registration.fields["policy"]))
+    assert {"bucket": BUCKET} in policy["conditions"]
+    assert ["eq", "$key", registration.key] in policy["conditions"]
+    assert ["content-length-range", 1, 1234] in policy["conditions"]
+    assert {"Content-Type": "image/heic"} in policy["conditions"]
+    assert {"x-amz-server-side-encryption": "AES256"} in policy["conditions"]
+
+
+def test_a_failed_photo_says_why_in_words(infra: Infra, db: Engine) -> None:
+    registration = register(infra, db)
+    post(registration, b"not a picture at all")
+    poll_until(infra, lambda: uploads.status(db, registration.photo_id)["state"] == "failed")  # type: ignore[index]
+    answer = uploads.status(db, registration.photo_id)
+    assert answer is not None
+    assert answer["errorCode"] in ("UNSUPPORTED_FORMAT", "DECODE_FAILED")
+    assert answer["error"] == uploads.IN_WORDS[uploads.ErrorCode(answer["errorCode"])]
+    assert uploads.status(db, uuid.uuid4()) is None and uploads.status(db, "nonsense") is None
+
+
+def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a published photo
+    registration = register(infra, db)
+    post(registration, JPEG)
+    poll_until(infra, published(db, registration.photo_id))
+    assert keys_under(infra, registration.album_id, registration.photo_id)
+
+    # WHEN it is deleted
+    store = S3Store(infra.s3, BUCKET)
+    assert uploads.delete(db, store, infra.settings, registration.photo_id)
+
+    # THEN no object and no row is left; one photo.deleted event, one version past the photo's last
+    assert keys_under(infra, registration.album_id, registration.photo_id) == []
+    with db.connect() as c:
+        for table in (Photo, PhotoJob, PhotoVariant):
+            key = Photo.id if table is Photo else table.photo_id  # type: ignore[attr-defined]
+            assert c.scalar(select(func.count()).select_from(table).where(key == registration.photo_id)) == 0
+        events = c.execute(
+            select(OutboxEvent.event_type, OutboxEvent.payload)
+            .where(OutboxEvent.aggregate_id == registration.photo_id)
+            .order_by(OutboxEvent.created_at)
+        ).all()
+    assert [e.event_type for e in events][-1] == PHOTO_DELETED
+    deleted = PhotoDeletedPayload.from_json(events[-1].payload)
+    assert deleted.entity_version == 3  # 1, published 2, deleted 3
+    # AND a second deletion is an unknown photo's
+    assert not uploads.delete(db, store, infra.settings, registration.photo_id)
+    assert uploads.status(db, registration.photo_id) is None
+
+
+def test_an_upload_event_for_a_deleted_photo_is_acknowledged_not_retried_until_it_pages(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a photo deleted before its upload's notification was processed
+    registration = register(infra, db)
+    post(registration, JPEG)
+    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+
+    # WHEN the notification is delivered
+    poller = poll_until(infra, lambda: True)
+    poller.poll_once()
+
+    # THEN it is acknowledged at once: nothing comes back, nothing is dead-lettered
+    assert poller.failed == 0
+    assert (
+        infra.sqs.receive_message(QueueUrl=infra.queues.dead_letter_url, WaitTimeSeconds=0).get("Messages")
+        is None
+    )
+
+
+def test_a_deletion_racing_a_render_leaves_nothing_once_the_sweep_purged(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a render that is putting its variants when the photo is deleted
+    registration = register(infra, db)
+    post(registration, JPEG)
+    putting, deleted = threading.Event(), threading.Event()
+    real_put = S3Store.put_variant
+
+    def put_after_the_deletion(self: S3Store, key: str, data: bytes, content_type: str) -> None:
+        putting.set()
+        deleted.wait(30)
+        real_put(self, key, data, content_type)
+
+    monkeypatch.setattr(S3Store, "put_variant", put_after_the_deletion)
+    worker = threading.Thread(target=lambda: poll_until(infra, putting.is_set).poll_once())
+    worker.start()
+    assert putting.wait(30)
+    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+    deleted.set()
+    worker.join(60)
+
+    # THEN nothing was published: the worker found its claim gone
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).where(OutboxEvent.event_type == PHOTO_PUBLISHED)) == 0
+        assert c.scalar(select(func.count()).select_from(Photo)) == 0
+    # AND what the worker put after the deletion is there until the sweep purges it, once no worker
+    # can still hold the photo
+    assert keys_under(infra, registration.album_id, registration.photo_id)
+    monkeypatch.setattr(S3Store, "put_variant", real_put)
+    with db.begin() as c:
+        c.execute(update(deleted_photos).values(purge_after=func.now() - timedelta(seconds=1)))
+    bootstrap.reset()
+    summary = handlers.load("sweep").lambda_handler({"source": "aws.events"}, _context())
+    assert summary["deletedPurged"] == 1
+    assert keys_under(infra, registration.album_id, registration.photo_id) == []
+
+
+def _context() -> Any:
+    from devkit.poller import LambdaContext
+
+    return LambdaContext(timeout_seconds=60)
