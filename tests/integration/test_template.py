@@ -116,6 +116,7 @@ PSEUDO = {
     "AWS::Region": "eu-west-1",
     "AWS::Partition": "aws",
     "AWS::StackName": "photo-publish-test",
+    "AWS::URLSuffix": "amazonaws.com",
     "AWS::NoValue": NO_VALUE,
 }
 # Required parameters (no default), as a deployment would give them.
@@ -583,7 +584,20 @@ AWS_CALLS = {
 }
 # What each call touches, named as the template's statements resolve: S3 keys by the key layout,
 # SQS by the queue URL the call passes, the secret by its ARN.
-S3_OBJECTS = {"s3:GetObject": "originals", "s3:PutObject": "variants", "s3:DeleteObject": "variants"}
+S3_OBJECTS = {
+    "s3:GetObject": "originals",
+    "s3:PutObject": "variants",
+    "s3:DeleteObject": "variants",
+    "s3:ListBucket": "bucket",
+}
+# Definitions whose objects are not the layout's default for their calls: a deleted photo's purge
+# removes its originals too; a registration signs (never sends) a POST of an original, which S3
+# authorizes as the signer.
+REACHES = {
+    ("photo_publish.adapters.storage", "S3Store", "delete_under"): {("s3:DeleteObject", "originals")},
+    ("photo_publish.uploads", None, "register"): {("s3:PutObject", "originals")},
+}
+SIGNING = {"generate_presigned_post"}
 # Granted for the code's calls without being calls: a missing original is a 404 only with
 # ListBucket on its prefix, and a secret under a customer key needs that key.
 IMPLIED = {"s3:GetObject": {"s3:ListBucket"}, "secretsmanager:GetSecretValue": {"kms:Decrypt"}}
@@ -605,7 +619,7 @@ class Definition:
 
 def _modules() -> dict[str, ast.Module]:
     modules = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
-    for function in ("process", "sweep", "relay"):
+    for function in ("process", "sweep", "relay", "upload"):
         modules[f"{function}.app"] = ast.parse((ROOT / "functions" / function / "app.py").read_text())
     return modules
 
@@ -687,7 +701,7 @@ def _aws_calls(definition: Definition) -> Iterator[tuple[str, str]]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         method, receiver = node.func.attr, ast.unparse(node.func.value)
-        if "client" not in receiver and receiver not in ("sqs", "s3"):
+        if ("client" not in receiver and receiver not in ("sqs", "s3")) or method in SIGNING:
             continue
         assert method in AWS_CALLS, (
             f"{definition.module}: unknown AWS call {receiver}.{method}: add it to AWS_CALLS"
@@ -707,7 +721,18 @@ def _aws_calls(definition: Definition) -> Iterator[tuple[str, str]]:
 def code_calls(function: str) -> set[tuple[str, str]]:
     """The AWS calls a handler can reach, through the package, with what each one touches."""
     index = _definitions()
-    todo = [(f"{function}.app", None, "lambda_handler")]
+    # The handler, and each route of an API function (reached through its resolver, not a call).
+    todo = [(f"{function}.app", None, "lambda_handler")] + [
+        key
+        for key, definition in index.items()
+        if key[0] == f"{function}.app"
+        and any(
+            isinstance(d, ast.Call)
+            and isinstance(d.func, ast.Attribute)
+            and ast.unparse(d.func.value) == "app"
+            for d in definition.node.decorator_list
+        )
+    ]
     seen: set[tuple[str, str | None, str]] = set()
     calls: set[tuple[str, str]] = set()
     while todo:
@@ -715,7 +740,7 @@ def code_calls(function: str) -> set[tuple[str, str]]:
         if key in seen or key not in index:
             continue
         seen.add(key)
-        calls |= set(_aws_calls(index[key]))
+        calls |= set(_aws_calls(index[key])) | REACHES.get(key, set())
         todo.extend(_callees(index[key], index))
     return calls
 
@@ -753,7 +778,7 @@ def test_the_operator_commands_are_not_what_the_functions_reach() -> None:
         *(set(_aws_calls(d)) for d in _definitions().values() if d.module.endswith("operator"))
     )
     assert ("sqs:StartMessageMoveTask", "DeadLetterQueue") in operator
-    for function in ("process", "sweep", "relay"):
+    for function in ("process", "sweep", "relay", "upload"):
         assert not {a for a, _ in code_calls(function)} & {"sqs:StartMessageMoveTask", "sqs:ReceiveMessage"}
 
 
@@ -761,7 +786,8 @@ def test_the_operator_commands_are_not_what_the_functions_reach() -> None:
     "key_arn", ["", "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"]
 )
 @pytest.mark.parametrize(
-    ("function", "role"), [("process", "ProcessRole"), ("sweep", "SweepRole"), ("relay", "RelayRole")]
+    ("function", "role"),
+    [("process", "ProcessRole"), ("sweep", "SweepRole"), ("relay", "RelayRole"), ("upload", "UploadRole")],
 )
 def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     function: str, role: str, key_arn: str
@@ -781,8 +807,21 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     poller = EVENT_SOURCE if function == "process" else set()
     assert grants == calls | implied | poller
     if function == "sweep":
-        # the sweep reads no photo and writes none (it only deletes replaced variants), and no bus
-        assert {g for g in grants if g[0].startswith(("s3:", "events:"))} == {("s3:DeleteObject", "variants")}
+        # the sweep reads no photo and writes none (it deletes replaced variants and deleted
+        # photos' objects), and puts nothing on the bus
+        assert {g for g in grants if g[0].startswith(("s3:", "events:"))} == {
+            ("s3:DeleteObject", "variants"),
+            ("s3:DeleteObject", "originals"),
+            ("s3:ListBucket", "bucket"),
+        }
+    if function == "upload":
+        # signing originals' uploads, deleting photos, the secret: no queue, no bus, no reading
+        assert {a for a, _ in grants} == {
+            "s3:PutObject",
+            "s3:DeleteObject",
+            "s3:ListBucket",
+            "secretsmanager:GetSecretValue",
+        } | ({"kms:Decrypt"} if key_arn else set())
     if function == "relay":
         assert {a for a, _ in grants} == {"events:PutEvents", "secretsmanager:GetSecretValue"} | (
             {"kms:Decrypt"} if key_arn else set()
@@ -815,7 +854,12 @@ def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) 
 @pytest.mark.parametrize("subnets", ["", "subnet-1,subnet-2"])
 @pytest.mark.parametrize(
     ("role", "group"),
-    [("ProcessRole", "ProcessLogGroup"), ("SweepRole", "SweepLogGroup"), ("RelayRole", "RelayLogGroup")],
+    [
+        ("ProcessRole", "ProcessLogGroup"),
+        ("SweepRole", "SweepLogGroup"),
+        ("RelayRole", "RelayLogGroup"),
+        ("UploadRole", "UploadLogGroup"),
+    ],
 )
 def test_each_role_writes_logs_to_its_own_log_group_only(role: str, group: str, subnets: str) -> None:
     stack = Stack(SubnetIds=subnets, SecurityGroupIds="sg-1" if subnets else "")
@@ -1167,3 +1211,64 @@ def test_checkov() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"Failed checks: 0\b", result.stdout), result.stdout
+
+
+# --- uploads from an app (SPEC 17) ----------------------------------------------------------------
+
+ROUTES = ("RegisterRoute", "StatusRoute", "DeleteRoute")
+
+
+def test_the_upload_api_is_iam_authorized_by_default_every_route() -> None:
+    stack = Stack()
+    keys = {stack.properties(route)["RouteKey"] for route in ROUTES}
+    assert keys == {"POST /albums/{albumId}/photos", "GET /photos/{photoId}", "DELETE /photos/{photoId}"}
+    for route in ROUTES:
+        properties = stack.properties(route)
+        assert properties["AuthorizationType"] == "AWS_IAM"
+        assert "AuthorizerId" not in properties
+    assert "UploadJwtAuthorizer" not in stack.resources()
+    # the API invokes the function, through a permission scoped to this API
+    integration = stack.properties("UploadIntegration")
+    assert (integration["IntegrationUri"], integration["PayloadFormatVersion"]) == (
+        "<UploadFunction.Arn>",
+        "2.0",
+    )
+    assert "<UploadHttpApi>" in stack.properties("UploadInvokePermission")["SourceArn"]
+
+
+def test_a_jwt_authorizer_takes_its_issuer_and_audience_from_the_parameters() -> None:
+    stack = Stack(UploadAuthorizer="JWT", JwtIssuer="https://issuer.example.com", JwtAudience="app-1,app-2")
+    jwt = stack.properties("UploadJwtAuthorizer")["JwtConfiguration"]
+    assert jwt == {"Issuer": "https://issuer.example.com", "Audience": ["app-1", "app-2"]}
+    for route in ROUTES:
+        assert stack.properties(route)["AuthorizationType"] == "JWT"
+        assert stack.properties(route)["AuthorizerId"] == "<UploadJwtAuthorizer>"
+
+
+def test_without_the_upload_api_nothing_of_it_is_created() -> None:
+    resources = Stack(UploadApi="false").resources()
+    assert not {name for name in resources if name.startswith("Upload") or name in ROUTES}
+
+
+def test_browsers_may_post_from_the_apps_origins_and_nothing_else() -> None:
+    assert "CorsConfiguration" not in Stack().properties("PhotoBucket")
+    cors = Stack(AppOrigins="https://app.example.com,https://www.example.com").properties("PhotoBucket")
+    (rule,) = cors["CorsConfiguration"]["CorsRules"]
+    assert rule["AllowedMethods"] == ["POST"]
+    assert rule["AllowedOrigins"] == ["https://app.example.com", "https://www.example.com"]
+
+
+def test_what_outlives_a_deletion_is_kept_as_long_as_its_parameter_says() -> None:
+    stack = Stack(
+        ObjectVersionRetentionDays="7",
+        AccessLogRetentionDays="14",
+        BusArchiveRetentionDays="3",
+        LogRetentionDays="5",
+    )
+    (tidy,) = stack.properties("PhotoBucket")["LifecycleConfiguration"]["Rules"]
+    assert tidy["NoncurrentVersionExpiration"]["NoncurrentDays"] == "7"
+    (expire,) = stack.properties("AccessLogBucket")["LifecycleConfiguration"]["Rules"]
+    assert expire["ExpirationInDays"] == "14"
+    assert stack.properties("EventArchive")["RetentionDays"] == "3"
+    groups = [r for r in stack.resources().values() if r["Type"] == "AWS::Logs::LogGroup"]
+    assert groups and all(g["Properties"]["RetentionInDays"] == "5" for g in groups)

@@ -83,7 +83,9 @@ def test_a_registration_answers_201_with_a_post_that_publishes(infra: Infra, db:
         (None, ["a list"], "BODY_INVALID"),
     ],
 )
-def test_a_bad_request_is_400_with_its_reason(infra: Infra, album: str | None, body: Any, reason: str) -> None:
+def test_a_bad_request_is_400_with_its_reason(
+    infra: Infra, album: str | None, body: Any, reason: str
+) -> None:
     answer = register(album or str(uuid.uuid4()), body)
     assert answer["statusCode"] == 400
     assert json.loads(answer["body"])["reason"] == reason

@@ -104,14 +104,23 @@ class S3Store:
         False if any could not be listed or deleted (left for a later purge)."""
         complete = True
         for prefix in prefixes:
+            keys: list[str] = []
+            token = ""
             try:
-                pages = self._client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self._bucket, Prefix=prefix
-                )
-                keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+                while True:
+                    page = (
+                        self._client.list_objects_v2(
+                            Bucket=self._bucket, Prefix=prefix, ContinuationToken=token
+                        )
+                        if token
+                        else self._client.list_objects_v2(Bucket=self._bucket, Prefix=prefix)
+                    )
+                    keys += [item["Key"] for item in page.get("Contents", [])]
+                    if not page.get("IsTruncated"):
+                        break
+                    token = page["NextContinuationToken"]
             except (ClientError, BotoCoreError):
                 complete = False
-                continue
             complete &= len(self.delete_variants(keys)) == len(keys)
         return complete
 

@@ -3,7 +3,6 @@ backoff, or final with its dead letter, which the job owes until the queue accep
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 from uuid import UUID
@@ -20,19 +19,26 @@ class DeadLetters(Protocol):
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
 
 
+class EventHandOff(Protocol):
+    def hand_off(self, photo_id: UUID) -> HandOff: ...
+
+
 class Failures:
     def __init__(
         self,
         repository: PhotoRepository,
         queue: DeadLetters,
         settings: Settings,
-        hand_off: Callable[[UUID], HandOff | None],
+        events: EventHandOff | None,
     ) -> None:
-        """`hand_off` puts the event a failure's commit wrote on the bus (best effort)."""
+        """`events` puts the event a failure's commit wrote on the bus at once (best effort)."""
         self._repository = repository
         self._queue = queue
         self._settings = settings
-        self._hand_off = hand_off
+        self._events = events
+
+    def _hand_off(self, photo_id: UUID) -> HandOff | None:
+        return None if self._events is None else self._events.hand_off(photo_id)
 
     def attempt_failed(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
         """Record a claimed attempt's failure: permanent, retried after its backoff, or final."""
@@ -45,7 +51,7 @@ class Failures:
                     return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
                 return Result(Outcome.FAILED, photo_id, error.code, attempt, handoff=self._hand_off(photo_id))
             if attempt >= self._settings.max_attempts:
-                return self.final(photo_id, attempt, error)
+                return self.final_failure(photo_id, attempt, error)
             backoff = self._settings.backoff_seconds(attempt)
             if not self._repository.release(photo_id, attempt, error.code, backoff):
                 return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
@@ -58,7 +64,7 @@ class Failures:
                 Outcome.RETRY, photo_id, error.code, attempt, self._settings.backoff_seconds(attempt)
             )
 
-    def final(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
+    def final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
         failed_at = self._repository.fail(photo_id, attempt, error.code, final=True)
         if failed_at is None:
             return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)

@@ -20,7 +20,7 @@ from photo_publish.image.recipes import Recipe
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
 from photo_publish.outbox.relay import HandOff
-from photo_publish.publish.failures import Failures
+from photo_publish.publish.failures import EventHandOff, Failures
 from photo_publish.publish.outcomes import Outcome, Result, Steps
 from photo_publish.publish.repository import (
     Claimed,
@@ -61,10 +61,6 @@ class JobQueue(Protocol):
     def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None: ...
     def send(self, body: str, delay_seconds: float = 0) -> None: ...
     def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
-
-
-class EventHandOff(Protocol):
-    def hand_off(self, photo_id: UUID) -> HandOff: ...
 
 
 class RenderGate:
@@ -132,7 +128,7 @@ class PhotoService:
         # A record's variants are put at once: one in its own thread, the others here.
         self._puts = ThreadPoolExecutor(settings.record_concurrency, thread_name_prefix="put")
         self._recipe_checked = False
-        self._failures = Failures(repository, queue, settings, self._hand_off)
+        self._failures = Failures(repository, queue, settings, events)
 
     def ensure_recipe(self) -> None:
         """Record this function's recipe for its VARIANT_VERSION, or raise RecipeMismatch if the
@@ -217,7 +213,7 @@ class PhotoService:
             case NotClaimable(retry_in=retry_in):
                 return Result(Outcome.RETRY, photo.id, retry_in=retry_in)
             case Exhausted(attempt=attempt):
-                return self._failures.final(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
+                return self._failures.final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
         return Result(Outcome.SKIPPED, photo.id)
 
     def _render_and_publish(
