@@ -171,7 +171,9 @@ class RecordingQueue:
         self.jobs.extend(photo_ids)
         return []
 
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool:
+    def send_dead_letter(
+        self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
+    ) -> bool:
         self.dead_letters.append((photo_id, attempt, code))
         return True
 

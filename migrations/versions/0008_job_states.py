@@ -11,6 +11,11 @@
   order (the shorter sequencer is right-padded). Their original length cannot be recovered (S3's
   sequencers begin with real zeros), so they are cleared: until a job's next upload, the eTag and
   the failure's time tell a new upload from a repeated one.
+- photo_jobs.upload_at: the newest upload's event time, beside its sequencer and eTag.
+- photo_jobs.attempt_sequencer / attempt_etag / attempt_upload_at / attempt_started_at: the upload
+  the last claimed attempt worked from, and when it started. A failed job is reopened only by an
+  upload newer than its failed attempt's (not than the newest upload seen: one announced while the
+  attempt was rendering older bytes must still reopen it). Filled from the newest upload seen.
 - retired_variants.event_id: the photo.variants_updated event that told consumers of the new keys;
   the old objects are deleted only once it has left the outbox, a grace period ago.
 
@@ -37,6 +42,11 @@ def upgrade() -> None:
             last_error_code = coalesce(j.last_error_code, p.error_code, 'UNEXPECTED_ERROR')
             FROM photos p WHERE p.id = j.photo_id AND j.status = 'failed';
         UPDATE photo_jobs SET upload_sequencer = NULL;
+        ALTER TABLE photo_jobs ADD COLUMN upload_at timestamptz, ADD COLUMN attempt_sequencer text,
+            ADD COLUMN attempt_etag text, ADD COLUMN attempt_upload_at timestamptz,
+            ADD COLUMN attempt_started_at timestamptz;
+        UPDATE photo_jobs SET attempt_etag = upload_etag,
+            attempt_started_at = CASE WHEN attempt > 0 THEN coalesce(claimed_at, failed_at) END;
         ALTER TABLE photo_jobs
             ADD CONSTRAINT photo_jobs_claimed_check
                 CHECK ((status = 'active') = (claimed_at IS NOT NULL) AND (status <> 'active' OR attempt >= 1)),
@@ -65,6 +75,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("""
         ALTER TABLE retired_variants DROP COLUMN event_id;
+        ALTER TABLE photo_jobs DROP COLUMN attempt_started_at, DROP COLUMN attempt_upload_at,
+            DROP COLUMN attempt_etag, DROP COLUMN attempt_sequencer, DROP COLUMN upload_at;
         ALTER TABLE photos DROP CONSTRAINT photos_published_check,
             DROP CONSTRAINT photos_error_code_state_check;
         ALTER TABLE photo_jobs DROP CONSTRAINT photo_jobs_dead_letter_check,

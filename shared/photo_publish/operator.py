@@ -32,22 +32,32 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.events import MalformedMessage, from_sqs_body
 from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, parse_uuid
-from photo_publish.settings import Settings
+from photo_publish.settings import STALE_AFTER_SECONDS, Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
 
-def reset_failed(engine: Engine, photo_ids: Sequence[UUID] | None) -> list[UUID]:
+def reset_failed(
+    engine: Engine, photo_ids: Sequence[UUID] | None, *, lease_seconds: int = STALE_AFTER_SECONDS
+) -> list[UUID]:
     """The failed jobs of the given photos (or of every failed photo) back to pending, attempt 0,
-    any dead letter still owed for them taken back (SPEC 5: no page for a photo that is not failed)."""
+    any dead letter still owed for them taken back (SPEC 5: no page for a photo that is not failed).
+    One whose letter a sender holds right now is left, for a retry once it is sent (`lease_seconds`,
+    STALE_AFTER_SECONDS, at most)."""
     with engine.begin() as connection:
-        return machine.retry(connection, photo_ids)
+        return machine.retry(connection, photo_ids, lease_seconds=lease_seconds)
 
 
-def retry(engine: Engine, queue: SqsQueue, photo_ids: Sequence[UUID] | None) -> list[UUID]:
+def retry(
+    engine: Engine,
+    queue: SqsQueue,
+    photo_ids: Sequence[UUID] | None,
+    *,
+    lease_seconds: int = STALE_AFTER_SECONDS,
+) -> list[UUID]:
     """Reset the failed photos' jobs and send one job message each; the ids that were sent."""
-    reset = reset_failed(engine, photo_ids)
+    reset = reset_failed(engine, photo_ids, lease_seconds=lease_seconds)
     unsent = set(queue.send_jobs(reset))
     if unsent:
         # Left for the sweep: a pending row without a stamp is re-sent once it is due.
@@ -114,7 +124,7 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
         by_photo.setdefault(photo_id, []).append(message)
 
     photo_ids = list(by_photo)
-    reset = set(reset_failed(engine, photo_ids))
+    reset = set(reset_failed(engine, photo_ids, lease_seconds=settings.stale_after_seconds))
     with engine.connect() as connection:
         states = dict(
             connection.execute(select(Photo.id, Photo.processing_state).where(Photo.id.in_(photo_ids))).all()
@@ -247,7 +257,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "retry":
         if not args.photo_ids and not args.all:
             parser.error("name photo ids, or --all")
-        sent = retry(bootstrap.engine(), bootstrap.queue(), None if args.all else args.photo_ids)
+        sent = retry(
+            bootstrap.engine(),
+            bootstrap.queue(),
+            None if args.all else args.photo_ids,
+            lease_seconds=bootstrap.settings().stale_after_seconds,
+        )
         print(json.dumps({"retried": [str(p) for p in sent]}))
     else:
         summary = redrive(
@@ -297,7 +312,8 @@ def _rerender(
         return {"version": version} | backfill.estimate(engine, version, selection).as_dict()
     # The version is the functions' recipe, or the backfill is refused before anything is marked.
     PhotoRepository(engine).ensure_recipe(version, Recipe.from_settings(settings))
-    return {"version": version, "marked": backfill.mark(engine, version, selection)}
+    marked = backfill.mark(engine, version, selection, lease_seconds=settings.stale_after_seconds)
+    return {"version": version, "marked": marked}
 
 
 if __name__ == "__main__":

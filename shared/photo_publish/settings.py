@@ -39,6 +39,10 @@ _EVENT_BUS = (
 )
 
 
+# A claim older than this is its dead worker's; a dead letter's sender holds it as long (SPEC 5).
+STALE_AFTER_SECONDS = 300
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Every number the template also knows arrives here as an environment variable (SPEC 11).
@@ -86,7 +90,7 @@ class Settings:
     max_attempts: int = field(default=3, metadata=_between(1))
     max_receive_count: int = field(default=5, metadata=_between(1))
     retry_base_seconds: int = field(default=30, metadata=_between(0))
-    stale_after_seconds: int = field(default=300, metadata=_between(0))
+    stale_after_seconds: int = field(default=STALE_AFTER_SECONDS, metadata=_between(0))
     sweep_after_seconds: int = field(default=600, metadata=_between(0))
     # A queue holding this many visible messages is still delivering: the sweep re-sends no pending
     # row meanwhile (their messages may be in it), only stale and owed work.

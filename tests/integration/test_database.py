@@ -221,10 +221,21 @@ def test_only_a_newer_upload_reopens_a_failed_job(
 ) -> None:
     # GIVEN a job that saw an upload (or none), then failed for good (a crashing input: its worker
     # was lost) at FAILED_AT
+    # (its last attempt worked from that upload, and started ten seconds before it failed)
     repository, photo_id = PhotoRepository(db), new_photo(db)
     if seen is not None:
         repository.ensure_job(photo_id, upload=seen)
-    set_job(db, photo_id, status="failed", attempt=3, last_error_code="WORKER_LOST", failed_at=FAILED_AT)
+    set_job(
+        db,
+        photo_id,
+        status="failed",
+        attempt=3,
+        last_error_code="WORKER_LOST",
+        failed_at=FAILED_AT,
+        attempt_started_at=FAILED_AT - timedelta(seconds=10),
+        attempt_sequencer=seen.sequencer if seen else None,
+        attempt_etag=seen.etag if seen else None,
+    )
 
     # WHEN an upload event arrives: a duplicate or redelivery of the one it saw, or another upload
     repository.ensure_job(photo_id, upload=event)
@@ -240,11 +251,14 @@ def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_i
     repository, photo_id = PhotoRepository(db), new_photo(db)
     repository.ensure_job(photo_id, upload=Upload(sequencer="0A", etag="etag-a"))
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
-    assert repository.fail(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    failure = repository.fail(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    assert failure is not None
+    letter = OwedDeadLetter(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, failure.failed_at)
+    repository.dead_letter_refused([letter], lease_seconds=STALE)  # what its sender does then
     assert owed_at(db, photo_id) is not None
 
     # WHEN a newer upload reopens it
-    repository.ensure_job(photo_id, upload=Upload(sequencer="0B", etag="etag-b"))
+    repository.ensure_job(photo_id, upload=Upload(sequencer="0B", etag="etag-b"), lease_seconds=STALE)
 
     # THEN the letter is owed no more: the failure it spoke of was given its attempts again (else,
     # read with the job's new code, it would page for the next failure, even a permanent one: the
@@ -387,7 +401,9 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
     repository, final, permanent = PhotoRepository(db), new_photo(db), new_photo(db)
     for photo_id in (final, permanent):
         repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
-    failed_at = repository.fail(final, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    failure = repository.fail(final, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+    assert failure is not None
+    failed_at = failure.failed_at
     assert failed_at is not None
     assert repository.fail(permanent, 1, ErrorCode.DECODE_FAILED) is not None
 
@@ -410,3 +426,18 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
     repository.dead_letter_sent([taken])
     assert owed_at(db, final) is None
     assert repository.take_owed_dead_letter(final, lease_seconds=STALE) is None
+
+
+def test_an_upload_waits_while_the_letter_of_the_failure_it_would_take_back_is_being_sent(db: Engine) -> None:
+    # GIVEN a final failure whose letter its sender holds (sent any moment now)
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    repository.ensure_job(photo_id, upload=Upload(sequencer="0A", etag="etag-a"))
+    repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
+    assert repository.fail(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, final=True)
+
+    # WHEN a newer upload arrives, THEN it does not reopen the job yet (taken back now, the letter
+    # would page for a photo no longer failed): its delivery waits for the letter's lease
+    repository.ensure_job(photo_id, upload=Upload(sequencer="0B", etag="etag-b"), lease_seconds=STALE)
+    assert job(db, photo_id)[0] == "failed"
+    wait = repository.take_owed_dead_letter(photo_id, lease_seconds=STALE)
+    assert isinstance(wait, float) and wait > 0

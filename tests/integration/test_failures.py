@@ -276,7 +276,12 @@ def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publish
     letters = dead_letters(fast)
     assert len(letters) == 1
     attributes = {k: v["StringValue"] for k, v in letters[0]["MessageAttributes"].items()}
-    assert attributes == {"photoId": str(shot.photo_id), "attempt": "3", "errorCode": "STORAGE_READ_FAILED"}
+    assert attributes == {
+        "photoId": str(shot.photo_id),
+        "attempt": "3",
+        "errorCode": "STORAGE_READ_FAILED",
+        "kind": "photo",
+    }
     # AND one photo.failed event, final, written with the marking (the version unchanged)
     (failed,) = failed_payloads(db, shot.photo_id)
     assert (failed.error_code, failed.kind, failed.attempt, failed.entity_version) == (

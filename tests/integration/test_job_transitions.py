@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, func, select, update
 
-from photo_publish.adapters.models import PhotoJob
+from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.adapters.tables import photo_jobs
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
@@ -31,7 +31,7 @@ ATTEMPT = 1
 # Each transition on one job, with its other conditions met by the row `job_in` builds.
 CALLS: dict[str, Callable[[Connection, uuid.UUID], Any]] = {
     "ensure": machine.ensure,
-    "reopen": lambda c, p: machine.reopen(c, p, Upload("0B", "e-new")),
+    "reopen": lambda c, p: machine.reopen(c, p, Upload("0B", "e-new"), lease_seconds=60),
     "note_upload": lambda c, p: machine.note_upload(c, p, Upload("0B", "e-new")),
     "claim": lambda c, p: machine.claim(c, p, stale_after=60, max_attempts=9),
     "release": lambda c, p: machine.release(c, p, ATTEMPT, ErrorCode.STORAGE_READ_FAILED, 30),
@@ -45,8 +45,9 @@ CALLS: dict[str, Callable[[Connection, uuid.UUID], Any]] = {
     "unstamp": lambda c, p: machine.unstamp(c, [p]),
     "lease_letter": lambda c, p: machine.lease_letters(c, lease_seconds=60, limit=10, photo_id=p),
     "settle_letter": lambda c, p: machine.settle_letters(c, [_owed(c, p)]),
-    "retry": lambda c, p: machine.retry(c, [p]),
-    "mark_rerender": lambda c, p: machine.mark_rerender(c, [p], 9),
+    "release_letter": lambda c, p: machine.release_letters(c, [_owed(c, p)], lease_seconds=60),
+    "retry": lambda c, p: machine.retry(c, [p], lease_seconds=60),
+    "mark_rerender": lambda c, p: machine.mark_rerender(c, [p], 9, lease_seconds=60),
     "stop_rerender": lambda c, p: machine.stop_rerender(c),
     "start_rerender": lambda c, p: machine.start_rerender(c, limit=10),
     "delete": lambda c, p: machine.delete(c, p, purge_after=timedelta(minutes=5)),
@@ -60,8 +61,17 @@ def _owed(connection: Connection, photo_id: uuid.UUID) -> machine.OwedLetter:
 
 
 def job_in(db: Engine, status: str) -> uuid.UUID:
-    """A job in `status` that meets every other condition of some transition."""
+    """A job in `status` that meets every other condition of some transition: its photo published
+    at the version it is marked for, its letter (when failed) owed past its lease."""
     photo_id = new_photo(db)
+    with db.begin() as connection:
+        connection.execute(
+            update(Photo)
+            .where(Photo.id == photo_id)
+            .values(
+                processing_state="ready", visibility="published", published_at=func.now(), variant_version=9
+            )
+        )
     ago = func.now() - LONG_AGO
     values: dict[str, Any] = {"status": status, "attempt": ATTEMPT, "created_at": ago, "rerender_to": 9}
     if status == "active":

@@ -8,9 +8,10 @@ import random
 import uuid
 
 import pytest
-from sqlalchemy import Engine, insert, literal_column, select, text, update
+from sqlalchemy import Engine, insert, literal_column, select, text
 
 from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
 from photo_publish.publish.repository import PhotoRepository
@@ -37,12 +38,9 @@ def photo_with_a_failed_job(db: Engine, repository: PhotoRepository, seen: Uploa
             insert(Photo).values(id=photo_id, album_id=uuid.uuid4(), original_key=f"dev/originals/{photo_id}")
         )
     repository.ensure_job(photo_id, upload=seen)
-    with db.begin() as connection:
-        connection.execute(
-            update(PhotoJob)
-            .where(PhotoJob.photo_id == photo_id)
-            .values(status="failed", attempt=3, last_error_code="WORKER_LOST")
-        )
+    # its attempt worked from that upload, and failed
+    assert repository.claim(photo_id, stale_after=300, max_attempts=3)
+    assert repository.fail(photo_id, 1, ErrorCode.WORKER_LOST, final=False)
     return photo_id
 
 
@@ -61,7 +59,7 @@ def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_rec
 
     # THEN the upload is new proof that the original exists: the job has its attempts again, and
     # the job records the new upload (its eTag) as the newest it has seen
-    assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("pending", 0, "WORKER_LOST"), "etag-second")
+    assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("pending", 0, None), "etag-second")
 
 
 @pytest.mark.parametrize(
@@ -80,7 +78,7 @@ def test_an_older_upload_arriving_late_never_reopens_a_failed_job(db: Engine, st
     repository.ensure_job(photo_id, upload=Upload(late, "etag-earlier"))
 
     # THEN nothing is reopened and the newest upload stays the one recorded
-    assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("failed", 3, "WORKER_LOST"), "etag-newest")
+    assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("failed", 1, "WORKER_LOST"), "etag-newest")
 
 
 # The comparison ensure_job should make (SPEC 5), on the sequencers as S3 sent them (unpadded):

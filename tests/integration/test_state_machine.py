@@ -103,7 +103,9 @@ class Queue:
         self.inflight.extend(photo_ids)
         return []
 
-    def send_dead_letter(self, photo_id: uuid.UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool:
+    def send_dead_letter(
+        self, photo_id: uuid.UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
+    ) -> bool:
         if self.refusing:
             self.refusing -= 1
             return False

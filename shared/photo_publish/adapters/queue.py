@@ -95,9 +95,13 @@ class SqsQueue:
             unsent.extend(chunk[int(failure["Id"])] for failure in response.get("Failed", []))
         return unsent
 
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool:
+    def send_dead_letter(
+        self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
+    ) -> bool:
         """True once the dead-letter queue has accepted the message; False if it could not be sent
-        (the job still owes it, for a redelivery or the sweep to send)."""
+        (the job still owes it, for a redelivery or the sweep to send). `kind` says what failed: a
+        photo (`photo`: it is not published) or a published photo's re-render (`rerender`: it stays
+        published on its old variants)."""
         try:
             self._client.send_message(
                 QueueUrl=self._dead_letter_queue_url,
@@ -106,6 +110,7 @@ class SqsQueue:
                         "photoId": str(photo_id),
                         "attempt": attempt,
                         "errorCode": code.value,
+                        "kind": kind,
                         "detail": detail[:1000],
                     }
                 ),
@@ -113,6 +118,7 @@ class SqsQueue:
                     "photoId": {"DataType": "String", "StringValue": str(photo_id)},
                     "attempt": {"DataType": "Number", "StringValue": str(attempt)},
                     "errorCode": {"DataType": "String", "StringValue": code.value},
+                    "kind": {"DataType": "String", "StringValue": kind},
                 },
             )
         except QUEUE_ERRORS as error:

@@ -120,6 +120,14 @@ photo_jobs = Table(
     # right-padded, AWS's rule) and its eTag.
     Column("upload_sequencer", Text),
     Column("upload_etag", Text),
+    # ... and its event's time (migration 0008).
+    _timestamp("upload_at"),
+    # The upload the job's last claimed attempt worked from, and when that attempt started
+    # (migration 0008): what a later upload is compared with when the attempt failed.
+    Column("attempt_sequencer", Text),
+    Column("attempt_etag", Text),
+    _timestamp("attempt_upload_at"),
+    _timestamp("attempt_started_at"),
     _timestamp("failed_at"),
     # A backfill's mark: re-render the published photo at this recipe version (SPEC 14).
     Column("rerender_to", Integer),

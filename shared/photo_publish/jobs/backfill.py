@@ -17,6 +17,7 @@ from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
 from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.jobs import machine
+from photo_publish.settings import STALE_AFTER_SECONDS
 
 # What a photo costs to re-render, from `make bench` on this project's corpus (README, Benchmarks):
 # 0.58 s of one vCPU at 1769 MB, and Lambda's arm64 price per GB-second.
@@ -73,7 +74,9 @@ def estimate(engine: Engine, version: int, selection: Selection) -> Estimate:
     return Estimate(photos, seconds, seconds * FUNCTION_GB * PRICE_PER_GB_SECOND)
 
 
-def mark(engine: Engine, version: int, selection: Selection) -> int:
+def mark(
+    engine: Engine, version: int, selection: Selection, *, lease_seconds: int = STALE_AFTER_SECONDS
+) -> int:
     """Mark the selected photos below `version` for a re-render at it; the number marked.
 
     A finished job (done, or failed: a re-render that failed for good leaves its photo published)
@@ -93,7 +96,7 @@ def mark(engine: Engine, version: int, selection: Selection) -> int:
             )
             if not ids:
                 return marked
-            marked += machine.mark_rerender(connection, ids, version)
+            marked += machine.mark_rerender(connection, ids, version, lease_seconds=lease_seconds)
             after = ids[-1]
 
 

@@ -92,21 +92,22 @@ REOPEN = _declare(
     "reopen",
     FAILED,
     PENDING,
-    "an upload newer than the one that failed (S3's sequencer, else eTag, else time)",
-    "upload_sequencer upload_etag",
+    "an upload newer than the one its failed attempt worked from; no letter in flight",
+    "upload_sequencer upload_etag upload_at",
 )
 NOTE_UPLOAD = _declare(
     "note_upload",
     f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
     f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
     "an upload not older than, and not the same as, the newest one seen",
-    "upload_sequencer upload_etag",
+    "upload_sequencer upload_etag upload_at",
 )
 CLAIM = _declare(
     "claim",
     f"{PENDING}|{ACTIVE}",
     ACTIVE,
     "pending and due; or active, stale, with attempts left (attempt + 1 is the fencing token)",
+    "attempt_sequencer attempt_etag attempt_upload_at attempt_started_at",
 )
 RELEASE = _declare("release", ACTIVE, PENDING, "the claimed attempt failed transiently, attempts left")
 FAIL = _declare("fail", ACTIVE, FAILED, "the claimed attempt failed permanently")
@@ -116,7 +117,9 @@ FAIL_FINALLY = _declare(
 REQUEUE_LOST = _declare("requeue_lost", ACTIVE, PENDING, "stale (its worker died), attempts left")
 FAIL_LOST = _declare("fail_lost", ACTIVE, FAILED, "stale, no attempts left (WORKER_LOST): a letter is owed")
 PUBLISH = _declare("publish", ACTIVE, DONE, "the claimed attempt published or re-rendered the photo")
-SETTLE_PUBLISHED = _declare("settle_published", PENDING, DONE, "the photo is published and not marked")
+SETTLE_PUBLISHED = _declare(
+    "settle_published", PENDING, DONE, "the photo is published at (or past) any version it is marked for"
+)
 STAMP = _declare(
     "stamp",
     PENDING,
@@ -127,6 +130,13 @@ STAMP = _declare(
 UNSTAMP = _declare("unstamp", PENDING, PENDING, "its job message could not be sent", "enqueued_at")
 LEASE_LETTER = _declare(
     "lease_letter", FAILED, FAILED, "a letter is owed and no sender holds it", "dead_letter_owed_at"
+)
+RELEASE_LETTER = _declare(
+    "release_letter",
+    FAILED,
+    FAILED,
+    "the queue refused this failure's letter: any sender may take it",
+    "dead_letter_owed_at",
 )
 SETTLE_LETTER = _declare(
     "settle_letter",
@@ -139,13 +149,13 @@ RETRY = _declare(
     "retry",
     f"{FAILED}|{PENDING}",
     PENDING,
-    "the operator's retry or redrive (any owed letter is taken back); sent at once",
+    "the operator's retry or redrive; an owed letter is taken back unless a sender holds it",
 )
 MARK_RERENDER = _declare(
     "mark_rerender",
     f"{DONE}|{FAILED}",
     DONE,
-    "a published photo below the recipe version (backfill); any owed letter is taken back",
+    "a published photo below the recipe version (backfill); as for retry, its letter",
 )
 STOP_RERENDER = _declare("stop_rerender", DONE, DONE, "marked and not sent yet", "rerender_to")
 START_RERENDER = _declare(
@@ -169,6 +179,17 @@ def _values(transition: Transition, **values: Any) -> dict[str, Any]:
 
 def _status_in(transition: Transition) -> ColumnElement[bool]:
     return photo_jobs.c.status.in_([literal_column(f"'{s}'") for s in transition.source])
+
+
+def _no_letter_in_flight(lease_seconds: int) -> ColumnElement[bool]:
+    """No sender holds the job's letter: none is owed, or its lease has passed (its sender finished
+    or died). A transition that takes a failure back takes back its letter too, and a letter a
+    sender holds may reach the queue any moment: taken back then, it would page for a photo that is
+    no longer failed."""
+    return or_(
+        photo_jobs.c.dead_letter_owed_at.is_(None),
+        photo_jobs.c.dead_letter_owed_at < func.now() - timedelta(seconds=lease_seconds),
+    )
 
 
 def _keep(*columns: str) -> dict[str, Any]:
@@ -227,24 +248,34 @@ def _seen(sequencer: ColumnElement[Any], etag: ColumnElement[Any]) -> ColumnElem
     )
 
 
-def reopen(connection: Connection, photo_id: UUID, upload: Upload) -> bool:
-    """A failed job back to pending, attempt 0, for an upload newer than the one it failed with: by
-    S3's order where both have a sequencer, else by eTag, else (the job saw no upload) by time. The
-    upload is new proof that the original exists; a letter still owed for the failure it replaces
-    is taken back (the photo has its attempts again)."""
+def reopen(connection: Connection, photo_id: UUID, upload: Upload, *, lease_seconds: int) -> bool:
+    """A failed job back to pending, attempt 0, for an upload newer than the one its failed attempt
+    worked from (recorded at its claim): by S3's order where both have a sequencer; else by the
+    events' times (an eTag orders nothing: the same bytes uploaded again are a new upload, and an
+    older upload's late event is not), or, where the attempt saw no upload, the upload's time against
+    the attempt's start; else by eTag. The upload is new proof that the original exists; the
+    failure's letter is taken back with it, so none may be in flight (the caller comes back once
+    its lease has passed)."""
     sequencer, etag, at = _upload_terms(upload)
+    started = func.coalesce(photo_jobs.c.attempt_started_at, photo_jobs.c.failed_at)
     newer = case(
         (
-            and_(sequencer.is_not(None), photo_jobs.c.upload_sequencer.is_not(None)),
-            _sequencer_after(sequencer, photo_jobs.c.upload_sequencer),
+            and_(sequencer.is_not(None), photo_jobs.c.attempt_sequencer.is_not(None)),
+            _sequencer_after(sequencer, photo_jobs.c.attempt_sequencer),
         ),
-        (and_(etag.is_not(None), photo_jobs.c.upload_etag.is_not(None)), etag != photo_jobs.c.upload_etag),
-        (and_(at.is_not(None), photo_jobs.c.failed_at.is_not(None)), at > photo_jobs.c.failed_at),
+        (
+            and_(at.is_not(None), photo_jobs.c.attempt_upload_at.is_not(None)),
+            at > photo_jobs.c.attempt_upload_at,
+        ),
+        (and_(at.is_not(None), started.is_not(None)), at > started),
+        (and_(etag.is_not(None), photo_jobs.c.attempt_etag.is_not(None)), etag != photo_jobs.c.attempt_etag),
         else_=true(),
     )
     reopened = connection.execute(
         update(photo_jobs)
-        .where(photo_jobs.c.photo_id == photo_id, _status_in(REOPEN), newer, not_(_seen(sequencer, etag)))
+        .where(
+            photo_jobs.c.photo_id == photo_id, _status_in(REOPEN), newer, _no_letter_in_flight(lease_seconds)
+        )
         .values(
             _values(
                 REOPEN,
@@ -256,8 +287,9 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload) -> bool:
                 last_error_code=None,
                 dead_letter_owed_at=None,
                 failed_at=None,
-                upload_sequencer=sequencer,
-                upload_etag=etag,
+                upload_sequencer=func.coalesce(sequencer, photo_jobs.c.upload_sequencer),
+                upload_etag=func.coalesce(etag, photo_jobs.c.upload_etag),
+                upload_at=func.coalesce(at, photo_jobs.c.upload_at),
                 **_keep("rerender_to"),
             )
         )
@@ -269,17 +301,18 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload) -> bool:
 def note_upload(connection: Connection, photo_id: UUID, upload: Upload) -> None:
     """Remember the newest upload that reached the job; an older one (S3 delivers out of order) or a
     repeated one changes nothing."""
-    sequencer, etag, _ = _upload_terms(upload)
-    older = func.coalesce(_sequencer_after(photo_jobs.c.upload_sequencer, sequencer), false())
+    sequencer, etag, at = _upload_terms(upload)
+    by_sequencer = and_(sequencer.is_not(None), photo_jobs.c.upload_sequencer.is_not(None))
+    older = case(
+        (by_sequencer, _sequencer_after(photo_jobs.c.upload_sequencer, sequencer)),
+        (and_(at.is_not(None), photo_jobs.c.upload_at.is_not(None)), photo_jobs.c.upload_at > at),
+        else_=false(),
+    )
+    repeated = and_(_seen(sequencer, etag), photo_jobs.c.upload_at.is_not_distinct_from(at))
     connection.execute(
         update(photo_jobs)
-        .where(
-            photo_jobs.c.photo_id == photo_id,
-            _status_in(NOTE_UPLOAD),
-            not_(older),
-            not_(_seen(sequencer, etag)),
-        )
-        .values(_values(NOTE_UPLOAD, upload_sequencer=sequencer, upload_etag=etag))
+        .where(photo_jobs.c.photo_id == photo_id, _status_in(NOTE_UPLOAD), not_(older), not_(repeated))
+        .values(_values(NOTE_UPLOAD, upload_sequencer=sequencer, upload_etag=etag, upload_at=at))
     )
 
 
@@ -313,6 +346,12 @@ def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attem
                 enqueued_at=None,
                 dead_letter_owed_at=None,
                 failed_at=None,
+                # The upload this attempt works from (the newest seen), and when it started: what a
+                # later upload is compared with if the attempt fails.
+                attempt_sequencer=photo_jobs.c.upload_sequencer,
+                attempt_etag=photo_jobs.c.upload_etag,
+                attempt_upload_at=photo_jobs.c.upload_at,
+                attempt_started_at=now,
                 **_keep("last_error_code", "rerender_to"),
             )
         )
@@ -467,10 +506,24 @@ def publish_photo(connection: Connection, photo_id: UUID, rendition: dict[str, A
 
 
 def settle_published(connection: Connection, photo_id: UUID) -> None:
-    """A delivery for a published photo that nothing is owed for: its pending job is done."""
+    """A delivery for a published photo that nothing is owed for: its pending job is done. Not one
+    a backfill marked meanwhile for a version its variants are below (the decision to settle was
+    read before the mark: the mark wins)."""
+    owed_nothing = (
+        select(photos.c.id)
+        .where(
+            photos.c.id == photo_jobs.c.photo_id,
+            photos.c.processing_state == "ready",
+            or_(
+                photo_jobs.c.rerender_to.is_(None),
+                func.coalesce(photos.c.variant_version, 0) >= photo_jobs.c.rerender_to,
+            ),
+        )
+        .exists()
+    )
     connection.execute(
         update(photo_jobs)
-        .where(photo_jobs.c.photo_id == photo_id, _status_in(SETTLE_PUBLISHED))
+        .where(photo_jobs.c.photo_id == photo_id, _status_in(SETTLE_PUBLISHED), owed_nothing)
         .values(_done_values(SETTLE_PUBLISHED))
     )
 
@@ -553,12 +606,18 @@ def requeue_lost(connection: Connection, *, stale_after: int, max_attempts: int,
 
 @dataclass(frozen=True, slots=True)
 class OwedLetter:
-    """A final failure's dead letter, now this caller's to send; `failed_at` names the failure."""
+    """A final failure's dead letter, now this caller's to send; `failed_at` names the failure, and
+    `rerender` says it is a published photo's re-render that failed (it pages as what it is)."""
 
     photo_id: UUID
     attempt: int
     code: ErrorCode
     failed_at: datetime
+    rerender: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "rerender" if self.rerender else "photo"
 
 
 def fail_lost(
@@ -581,10 +640,15 @@ def fail_lost(
         .values(_failed_values(FAIL_LOST, ErrorCode.WORKER_LOST, final=True))
         .returning(photo_jobs.c.photo_id, photo_jobs.c.attempt, photo_jobs.c.failed_at)
     ).all()
-    letters = [OwedLetter(r.photo_id, r.attempt, ErrorCode.WORKER_LOST, r.failed_at) for r in rows]
-    marked = _mark_photos_failed(
-        connection, {letter.photo_id: letter.attempt for letter in letters}, ErrorCode.WORKER_LOST, final=True
-    )
+    lost = {r.photo_id: r.attempt for r in rows}
+    marked = _mark_photos_failed(connection, lost, ErrorCode.WORKER_LOST, final=True)
+    failed = {m.photo_id for m in marked}
+    letters = [
+        OwedLetter(
+            r.photo_id, r.attempt, ErrorCode.WORKER_LOST, r.failed_at, rerender=r.photo_id not in failed
+        )
+        for r in rows
+    ]
     return letters, marked
 
 
@@ -617,15 +681,26 @@ def lease_letters(
         .where(photo_jobs.c.photo_id == owed.c.photo_id)
         .values(_values(LEASE_LETTER, dead_letter_owed_at=func.now()))
         .returning(
-            photo_jobs.c.photo_id, photo_jobs.c.attempt, photo_jobs.c.last_error_code, photo_jobs.c.failed_at
+            photo_jobs.c.photo_id,
+            photo_jobs.c.attempt,
+            photo_jobs.c.last_error_code,
+            photo_jobs.c.failed_at,
+            _published(photo_jobs.c.photo_id).label("rerender"),
         )
     ).all()
     return [_letter(row) for row in rows]
 
 
+def _published(photo_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    """The photo is published: a failed job of it is its re-render's."""
+    return select(photos.c.id).where(photos.c.id == photo_id, photos.c.processing_state == "ready").exists()
+
+
 def _letter(row: Any) -> OwedLetter | UnknownCode:
     try:
-        return OwedLetter(row.photo_id, row.attempt, ErrorCode(row.last_error_code), row.failed_at)
+        return OwedLetter(
+            row.photo_id, row.attempt, ErrorCode(row.last_error_code), row.failed_at, row.rerender
+        )
     except ValueError:
         return UnknownCode(row.photo_id, row.last_error_code)
 
@@ -640,6 +715,24 @@ def letter_wait(connection: Connection, photo_id: UUID, *, lease_seconds: int) -
         ).where(photo_jobs.c.photo_id == photo_id, photo_jobs.c.dead_letter_owed_at.is_not(None))
     )
     return None if wait is None else max(float(wait), 0.0)
+
+
+def release_letters(connection: Connection, letters: Sequence[OwedLetter], *, lease_seconds: int) -> None:
+    """The queue refused these letters: no sender holds them now (the sweep's next run takes them,
+    and a retry may take them back)."""
+    for letter in letters:
+        connection.execute(
+            update(photo_jobs)
+            .where(
+                photo_jobs.c.photo_id == letter.photo_id,
+                _status_in(RELEASE_LETTER),
+                photo_jobs.c.failed_at == letter.failed_at,
+                photo_jobs.c.dead_letter_owed_at.is_not(None),
+            )
+            .values(
+                _values(RELEASE_LETTER, dead_letter_owed_at=func.now() - timedelta(seconds=lease_seconds + 1))
+            )
+        )
 
 
 def settle_letters(connection: Connection, letters: Sequence[OwedLetter]) -> None:
@@ -660,10 +753,10 @@ def settle_letters(connection: Connection, letters: Sequence[OwedLetter]) -> Non
 # -- the operator ---------------------------------------------------------------------------------
 
 
-def retry(connection: Connection, photo_ids: Sequence[UUID] | None) -> list[UUID]:
+def retry(connection: Connection, photo_ids: Sequence[UUID] | None, *, lease_seconds: int) -> list[UUID]:
     """The operator's retry (and redrive): the jobs of the given photos, or of every failed one,
-    back to pending, attempt 0, stamped as sent now (the caller sends one message each), any owed
-    letter taken back. A failed job of a published photo is its re-render's (its mark is kept: the
+    back to pending, attempt 0, stamped as sent now (the caller sends one message each), an owed
+    letter taken back (not while a sender holds it: the job is retried once it was sent). A failed job of a published photo is its re-render's (its mark is kept: the
     process function re-renders it). A job at work is left to its worker; a photo marked failed
     with no job row gets one."""
     failed = select(photos.c.id).where(photos.c.processing_state == "processing_failed")
@@ -682,7 +775,7 @@ def retry(connection: Connection, photo_ids: Sequence[UUID] | None) -> list[UUID
     return list(
         connection.scalars(
             update(photo_jobs)
-            .where(chosen, _status_in(RETRY))
+            .where(chosen, _status_in(RETRY), _no_letter_in_flight(lease_seconds))
             .values(
                 _values(
                     RETRY,
@@ -702,7 +795,9 @@ def retry(connection: Connection, photo_ids: Sequence[UUID] | None) -> list[UUID
     )
 
 
-def mark_rerender(connection: Connection, photo_ids: Sequence[UUID], version: int) -> int:
+def mark_rerender(
+    connection: Connection, photo_ids: Sequence[UUID], version: int, *, lease_seconds: int
+) -> int:
     """Mark published photos' finished jobs for a re-render at `version` (a job at work keeps its
     course); a photo with no job row gets one. Any letter still owed for an earlier re-render's
     failure is taken back: the photo has its attempts again."""
@@ -715,7 +810,11 @@ def mark_rerender(connection: Connection, photo_ids: Sequence[UUID], version: in
     )
     marked = connection.execute(
         update(photo_jobs)
-        .where(photo_jobs.c.photo_id.in_(photo_ids), _status_in(MARK_RERENDER))
+        .where(
+            photo_jobs.c.photo_id.in_(photo_ids),
+            _status_in(MARK_RERENDER),
+            _no_letter_in_flight(lease_seconds),
+        )
         .values(
             _values(
                 MARK_RERENDER,

@@ -33,7 +33,9 @@ T = TypeVar("T")
 class SweepQueue(Protocol):
     def depth(self) -> int | None: ...
     def send_jobs(self, photo_ids: Sequence[UUID], *, spread_seconds: float = 0) -> list[UUID]: ...
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
+    def send_dead_letter(
+        self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
+    ) -> bool: ...
 
 
 @dataclass
@@ -276,15 +278,24 @@ class Sweeper:
     def _send_dead_letters(self, summary: SweepSummary, letters: list[OwedLetter]) -> int:
         """Send each letter; the accepted ones are owed no more. The number not accepted (still owed,
         taken again once their lease has passed)."""
-        sent = [
-            letter
-            for letter in letters
-            if self._queue.send_dead_letter(letter.photo_id, letter.attempt, letter.code, "sent by the sweep")
-        ]
+        sent: list[OwedLetter] = []
+        refused: list[OwedLetter] = []
+        for letter in letters:
+            accepted = self._queue.send_dead_letter(
+                letter.photo_id, letter.attempt, letter.code, "sent by the sweep", kind=letter.kind
+            )
+            (sent if accepted else refused).append(letter)
         if sent:
             # Not settled: sent again once their lease passes (a duplicate page, never a lost one).
             self._step(summary, "settle letters", lambda: self._settle(sent))
-        return len(letters) - len(sent)
+        if refused:
+            # Not in flight any more: the next run sends them, a retry may take them back.
+            self._step(summary, "release letters", lambda: self._release(refused))
+        return len(refused)
+
+    def _release(self, letters: Sequence[OwedLetter]) -> None:
+        with self._engine.begin() as connection:
+            machine.release_letters(connection, letters, lease_seconds=self._settings.stale_after_seconds)
 
     def _settle(self, letters: Sequence[OwedLetter]) -> None:
         with self._engine.begin() as connection:

@@ -16,7 +16,9 @@ from photo_publish.settings import Settings
 
 
 class DeadLetters(Protocol):
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
+    def send_dead_letter(
+        self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
+    ) -> bool: ...
 
 
 class EventHandOff(Protocol):
@@ -65,14 +67,13 @@ class Failures:
             )
 
     def final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
-        failed_at = self._repository.fail(photo_id, attempt, error.code, final=True)
-        if failed_at is None:
+        failed = self._repository.fail(photo_id, attempt, error.code, final=True)
+        if failed is None:
             return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
         handoff = self._hand_off(photo_id)
-        result = self._send_dead_letter(
-            OwedDeadLetter(photo_id, attempt, error.code, failed_at), error.detail
-        )
-        return replace(result, handoff=handoff)
+        # A published photo is not marked failed: what failed is its re-render, and it pages so.
+        letter = OwedDeadLetter(photo_id, attempt, error.code, failed.failed_at, rerender=not failed.marked)
+        return replace(self._send_dead_letter(letter, error.detail), handoff=handoff)
 
     def owed_letter(self, photo_id: UUID) -> Result:
         """A delivery for a failed job: a duplicate, unless the job still owes its dead letter."""
@@ -89,7 +90,12 @@ class Failures:
     def _send_dead_letter(self, owed: OwedDeadLetter, detail: str) -> Result:
         """Send a final failure's dead letter; until the queue accepts it, the job owes it and the
         message comes back for it (the sweep sends it if no message does)."""
-        if not self._queue.send_dead_letter(owed.photo_id, owed.attempt, owed.code, detail):
+        if not self._queue.send_dead_letter(owed.photo_id, owed.attempt, owed.code, detail, kind=owed.kind):
+            try:
+                # Refused, not in flight: the sweep's next run may send it, a retry take it back.
+                self._repository.dead_letter_refused([owed], lease_seconds=self._settings.stale_after_seconds)
+            except PhotoError as error:
+                logger.warning("refused dead letter not released", error_code=error.code)
             return Result(
                 Outcome.RETRY,
                 owed.photo_id,

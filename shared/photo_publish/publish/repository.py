@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
 from sqlalchemy import (
@@ -45,6 +45,7 @@ from photo_publish.outbox.contracts import (
 )
 from photo_publish.publish import transaction
 from photo_publish.publish.transaction import PublishResult, StoredVariant
+from photo_publish.settings import STALE_AFTER_SECONDS
 
 # A final failure's dead letter that the queue has not accepted yet, now its holder's to send.
 OwedDeadLetter = machine.OwedLetter
@@ -153,7 +154,9 @@ class PhotoRepository:
             )
         return found is not None
 
-    def ensure_job(self, photo_id: UUID, *, upload: Upload | None = None) -> None:
+    def ensure_job(
+        self, photo_id: UUID, *, upload: Upload | None = None, lease_seconds: int = STALE_AFTER_SECONDS
+    ) -> None:
         """The photo's job, created if the photo exists; a newer upload of its original reopens a
         failed job, and the newest upload that reached the job is remembered.
 
@@ -163,7 +166,9 @@ class PhotoRepository:
         """
         with self._transaction() as connection:
             machine.ensure(connection, photo_id)
-            if upload is not None and not machine.reopen(connection, photo_id, upload):
+            if upload is not None and not machine.reopen(
+                connection, photo_id, upload, lease_seconds=lease_seconds
+            ):
                 machine.note_upload(connection, photo_id, upload)
 
     def claim(self, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
@@ -272,17 +277,19 @@ class PhotoRepository:
                 is not None
             )
 
-    def fail(self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False) -> datetime | None:
+    def fail(
+        self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False
+    ) -> machine.Failed | None:
         """Job `failed` (owing its dead letter if `final`), photo `processing_failed` (never a
-        published one) with its `photo.failed` event, in one transaction. The failure's time (its
-        letter's name), or None if fenced out."""
+        published one) with its `photo.failed` event, in one transaction. The failure (its time
+        names its letter; a published photo's is its re-render's), or None if fenced out."""
         with self._transaction() as connection:
             failed = machine.fail(connection, photo_id, attempt, code, final=final)
             if failed is None:
                 return None
             # A published photo is not downgraded, and gets no event: only a photo marked failed does.
             writer.append_failed(connection, failed.marked)
-        return failed.failed_at
+        return failed
 
     def take_owed_dead_letter(self, photo_id: UUID, *, lease_seconds: int) -> OwedDeadLetter | float | None:
         """The job's owed dead letter, leased to the caller; else the seconds until it may be taken
@@ -294,6 +301,12 @@ class PhotoRepository:
             if leased and isinstance(leased[0], OwedDeadLetter):
                 return leased[0]
             return machine.letter_wait(connection, photo_id, lease_seconds=lease_seconds)
+
+    def dead_letter_refused(self, letters: Sequence[OwedDeadLetter], *, lease_seconds: int) -> None:
+        """The queue refused these letters: any sender may take them now."""
+        if letters:
+            with self._transaction() as connection:
+                machine.release_letters(connection, letters, lease_seconds=lease_seconds)
 
     def dead_letter_sent(self, letters: Sequence[OwedDeadLetter]) -> None:
         """The queue accepted these letters: nothing is owed for those failures any more."""

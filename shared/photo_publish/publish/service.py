@@ -60,7 +60,9 @@ class JobQueue(Protocol):
     def retry_later(self, receipt_handle: str, seconds: float) -> None: ...
     def send_job(self, photo_id: UUID, delay_seconds: float = 0) -> None: ...
     def send(self, body: str, delay_seconds: float = 0) -> None: ...
-    def send_dead_letter(self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "") -> bool: ...
+    def send_dead_letter(
+        self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
+    ) -> bool: ...
 
 
 class RenderGate:
@@ -199,7 +201,9 @@ class PhotoService:
 
     def _claim(self, photo: PhotoRow, request: PhotoRequest) -> int | Result:
         """The attempt this delivery now owns (its fencing token), or why it owns none."""
-        self._repository.ensure_job(photo.id, upload=request.upload)
+        self._repository.ensure_job(
+            photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
+        )
         claim = self._repository.claim(
             photo.id, stale_after=self._settings.stale_after_seconds, max_attempts=self._settings.max_attempts
         )
