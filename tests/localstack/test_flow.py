@@ -112,7 +112,12 @@ def test_three_s3_read_failures_are_retried_by_localstacks_visibility_then_dead_
     letters = messages(fast, fast.queues.dead_letter_url)
     assert len(letters) == 1
     attributes = {k: v["StringValue"] for k, v in letters[0]["MessageAttributes"].items()}
-    assert attributes == {"photoId": str(shot.photo_id), "attempt": "3", "errorCode": "STORAGE_READ_FAILED"}
+    assert attributes == {
+        "photoId": str(shot.photo_id),
+        "attempt": "3",
+        "errorCode": "STORAGE_READ_FAILED",
+        "kind": "photo",
+    }
     # AND the original message was acknowledged, and nothing was published: one photo.failed
     assert counts(fast, fast.queues.url) == (0, 0, 0)
     assert outbox(db, shot.photo_id) == []
