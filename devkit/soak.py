@@ -127,6 +127,9 @@ class Planned:
     photo_id: UUID
     album_id: UUID
     uploaded_at: float | None = None
+    # When its current bytes were put (taken just before the put, so never after S3's event time):
+    # a copy of that put's notification carries it, as S3's own redelivery would.
+    put_at: float | None = None
     targeted: bool = False
     actions: list[tuple[float, str]] = field(default_factory=list)
 
@@ -535,9 +538,16 @@ class Tally:
     database: Counter[str] = field(default_factory=Counter)
 
 
+def _event_time(at: float) -> str:
+    """S3's eventTime: milliseconds, rounded down (as S3's own are)."""
+    whole = time.gmtime(at)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", whole) + f".{int(at * 1000) % 1000:03d}Z"
+
+
 def notification(bucket: str, planned: Planned) -> str:
     """A second delivery of the original's S3 event notification: its key, size and eTag (the MD5 S3
-    gives a single-part upload), and, like moto's own, no sequencer: nothing marks it as new."""
+    gives a single-part upload), the time of its put (a copy stamped later would read as a newer
+    upload, which S3 never sends), and, like moto's own, no sequencer."""
     from urllib.parse import quote_plus
 
     data = planned.data or b""
@@ -549,7 +559,7 @@ def notification(bucket: str, planned: Planned) -> str:
                     "eventVersion": "2.1",
                     "eventSource": "aws:s3",
                     "awsRegion": stack.REGION,
-                    "eventTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+                    "eventTime": _event_time(planned.put_at or time.time()),
                     "eventName": "ObjectCreated:Put",
                     "s3": {
                         "s3SchemaVersion": "1.0",
@@ -791,6 +801,7 @@ class Run:
 
     def put(self, s3: Any, planned: Planned) -> None:
         assert planned.data is not None
+        planned.put_at = time.time()
         uploads.put_original(s3, self.bucket, planned.key, planned.data)
         planned.uploaded_at = planned.uploaded_at or time.time()
         planned.did("original uploaded")
@@ -908,6 +919,7 @@ class Run:
                 planned.data = rng.choice([p for p in self.pool if p != planned.data])
                 kind = "reupload, a new picture"
             s3, _ = stack.clients()
+            planned.put_at = time.time()
             uploads.put_original(s3, self.bucket, planned.key, planned.data)
         self.tally.duplicates[kind] += 1
         planned.did(f"duplicate: {kind}")
