@@ -244,6 +244,25 @@ def test_only_a_newer_upload_reopens_a_failed_job(
     assert job(db, photo_id)[:2] == (("pending", 0) if reopens else ("failed", 3))
 
 
+def test_an_upload_that_arrived_while_a_job_messages_attempt_ran_reopens_the_job_when_it_fails(
+    db: Engine,
+) -> None:
+    # GIVEN a job whose last attempt ran from a job message (no upload seen at its claim), during
+    # which the original's event arrived and was noted; then the attempt failed for good
+    repository, photo_id = PhotoRepository(db), new_photo(db)
+    set_job(db, photo_id, status="active", attempt=3, attempt_started_at=FAILED_AT - timedelta(seconds=10))
+    during = Upload(None, "e1", FAILED_AT - timedelta(seconds=5))
+    repository.ensure_job(photo_id, upload=during)
+    set_job(db, photo_id, status="failed", last_error_code="STORAGE_READ_FAILED", failed_at=FAILED_AT)
+
+    # WHEN that event comes back (it was answered "busy" while the attempt ran)
+    repository.ensure_job(photo_id, upload=during)
+
+    # THEN the job has its attempts again: the attempt may have read the original before that upload
+    # (a second page, if it fails again, is better than an upload never processed)
+    assert job(db, photo_id)[:2] == ("pending", 0)
+
+
 def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_it_replaced(
     db: Engine,
 ) -> None:

@@ -267,12 +267,10 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload, *, lease_seco
             and_(at.is_not(None), photo_jobs.c.attempt_upload_at.is_not(None)),
             at > photo_jobs.c.attempt_upload_at,
         ),
-        # The attempt saw no upload (it ran from a job message): one after its start is new, unless
-        # it is the upload that arrived meanwhile, which the attempt may well have read.
-        (
-            and_(at.is_not(None), started.is_not(None)),
-            and_(at > started, etag.is_distinct_from(photo_jobs.c.upload_etag)),
-        ),
+        # The attempt saw no upload (it ran from a job message): one after its start is new, even
+        # the one that arrived while it ran. The attempt may have read it or not; a second page
+        # after a publish is the price of never dropping an upload it did not read.
+        (and_(at.is_not(None), started.is_not(None)), at > started),
         (and_(etag.is_not(None), photo_jobs.c.attempt_etag.is_not(None)), etag != photo_jobs.c.attempt_etag),
         else_=true(),
     )
