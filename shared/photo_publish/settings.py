@@ -4,6 +4,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
+from datetime import timedelta
 from types import NoneType
 from typing import Any, Self
 
@@ -165,6 +166,12 @@ class Settings:
     @property
     def originals_prefix(self) -> str:
         return f"{self.stage}/originals/"
+
+    @property
+    def purge_delay(self) -> timedelta:
+        """When a deleted photo's objects are purged once more: after any worker that held it is
+        stale (a render that raced the deletion may have put variants meanwhile)."""
+        return timedelta(seconds=self.stale_after_seconds + self.record_budget_seconds)
 
     def backoff_seconds(self, attempt: int) -> int:
         """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""

@@ -201,15 +201,10 @@ def delete(engine: Engine, s3_store: Any, settings: Settings, photo_id: str | UU
     except MalformedKey:
         return False
     with engine.begin() as connection:
-        deleted = machine.delete(connection, photo_uuid, purge_after=purge_after(settings))
+        deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay)
         if deleted is None:
             return False
         writer.append_deleted(connection, deleted)
     # Best effort now; the sweep's purge deletes whatever this could not.
     s3_store.delete_under(photo_prefixes(settings.stage, deleted.album_id, photo_uuid))
     return True
-
-
-def purge_after(settings: Settings) -> timedelta:
-    """When a deleted photo's objects are purged once more: after any worker that held it is stale."""
-    return timedelta(seconds=settings.stale_after_seconds + settings.record_budget_seconds)

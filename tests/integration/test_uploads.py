@@ -224,6 +224,33 @@ def test_a_deletion_racing_a_render_leaves_nothing_once_the_sweep_purged(
     assert keys_under(infra, registration.album_id, registration.photo_id) == []
 
 
+def test_an_upload_that_finishes_after_the_deletion_and_its_purge_is_purged_again(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a photo deleted while its browser was still uploading, and the sweep's purge done
+    registration = register(infra, db)
+    store = S3Store(infra.s3, BUCKET)
+    assert uploads.delete(db, store, infra.settings, registration.photo_id)
+    with db.begin() as c:
+        c.execute(update(deleted_photos).values(purge_after=func.now() - timedelta(seconds=1)))
+    bootstrap.reset()
+    assert handlers.load("sweep").lambda_handler({"source": "aws.events"}, _context())["deletedPurged"] == 1
+
+    # WHEN the upload (a presigned POST is good until it expires) lands, and its event is delivered
+    post(registration, JPEG)
+    poll_until(infra, lambda: True).poll_once()
+    assert keys_under(infra, registration.album_id, registration.photo_id) == [registration.key]
+
+    # THEN the next purge, once no worker can hold the photo, deletes the original it left
+    with db.begin() as c:
+        purge_after = c.scalar(select(deleted_photos.c.purge_after))
+        assert purge_after > c.scalar(select(func.now()))
+        c.execute(update(deleted_photos).values(purge_after=func.now() - timedelta(seconds=1)))
+    bootstrap.reset()
+    assert handlers.load("sweep").lambda_handler({"source": "aws.events"}, _context())["deletedPurged"] == 1
+    assert keys_under(infra, registration.album_id, registration.photo_id) == []
+
+
 def _context() -> Any:
     from devkit.poller import LambdaContext
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    update,
 )
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -146,11 +147,19 @@ class PhotoRepository:
             ).one_or_none()
         return None if row is None else PhotoRow(*row)
 
-    def was_deleted(self, photo_id: UUID) -> bool:
-        """The photo was deleted (its tombstone stands): an event for it has nothing left to do."""
+    def uploaded_after_deletion(self, photo_id: UUID, purge_in: timedelta) -> bool:
+        """An upload of a deleted photo (a browser's POST that raced the deletion, or finished after
+        it): its tombstone is purged once more after `purge_in`, the sweep deleting what came after
+        the deletion's own purge. False if the photo was never deleted."""
         with self._transaction() as connection:
             found = connection.scalar(
-                select(deleted_photos.c.photo_id).where(deleted_photos.c.photo_id == photo_id)
+                update(deleted_photos)
+                .where(deleted_photos.c.photo_id == photo_id)
+                .values(
+                    purged_at=None,
+                    purge_after=func.greatest(deleted_photos.c.purge_after, func.now() + purge_in),
+                )
+                .returning(deleted_photos.c.photo_id)
             )
         return found is not None
 

@@ -180,7 +180,9 @@ class PhotoService:
         """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
         photo = self._repository.get_photo(request.photo_id, stale_after=self._settings.stale_after_seconds)
         if photo is None:
-            if request.original is not None and not self._repository.was_deleted(request.photo_id):
+            if request.original is not None and not self._repository.uploaded_after_deletion(
+                request.photo_id, self._settings.purge_delay
+            ):
                 # The upload raced the API's insert of the photo row: it may exist soon.
                 raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
             return Result(Outcome.SKIPPED, request.photo_id)
