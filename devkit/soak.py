@@ -53,7 +53,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from devkit import chaos, samples, soakcheck, stack, uploads
 from devkit.faultproxy import ProxyControl
+from photo_publish import uploads as photo_uploads
 from photo_publish.adapters.database import sqlalchemy_url
+from photo_publish.adapters.storage import S3Store
 from photo_publish.keys import original_key
 from photo_publish.settings import Settings
 
@@ -89,6 +91,8 @@ class Config:
     # Originals whose every GetObject fails until the drain: the photo's attempts run out.
     unlucky_share: float = 0.01
     duplicate_every: float = 0.4
+    # A user's deletion, of a photo in any state (its render may be running), every this many seconds.
+    delete_every: float = 5.0
     drain_seconds: float = 240.0
     restart_postgres: bool = True
     # False: no kills, faults, duplicates or cursed originals (a baseline for the figures).
@@ -131,6 +135,7 @@ class Planned:
     # a copy of that put's notification carries it, as S3's own redelivery would.
     put_at: float | None = None
     targeted: bool = False
+    deleted: float | None = None  # when its deletion committed (expected is then "deleted")
     actions: list[tuple[float, str]] = field(default_factory=list)
 
     @property
@@ -536,6 +541,7 @@ class Tally:
     outages: Counter[str] = field(default_factory=Counter)
     malformed: list[str] = field(default_factory=list)
     database: Counter[str] = field(default_factory=Counter)
+    deletions: Counter[str] = field(default_factory=Counter)
 
 
 def _event_time(at: float) -> str:
@@ -682,6 +688,7 @@ class Run:
         self.stop_chaos.set()
         if agitator.is_alive():
             agitator.join()
+        self.finish_deletions(photos, parts)
         self.times["chaos"] = time.monotonic() - chaos_started
 
         self.say("drain: faults off, kills disarmed; waiting for the queue and the sweeps")
@@ -760,7 +767,7 @@ class Run:
         while time.monotonic() < deadline:
             parts.fleet.tend()
             state = retrying(lambda: soakcheck.progress(parts.database.engine))
-            if state["ready"] + state["failed"] >= share * count:
+            if state["ready"] + state["failed"] + state["deleted"] >= share * count:
                 return
             time.sleep(0.2)
 
@@ -816,6 +823,7 @@ class Run:
             "terminate": now + rng.uniform(2, 6),
             "outage": now + rng.uniform(4, 10),
             "duplicate": now + rng.uniform(0, self.config.duplicate_every),
+            "delete": now + rng.uniform(0, self.config.delete_every),
             "target": now,
             # Early: a malformed message that is retried instead of acknowledged takes five
             # visibility timeouts to reach the dead-letter queue.
@@ -858,6 +866,9 @@ class Run:
             if now >= due["duplicate"] and uploaded:
                 self.duplicate(rng.choice(uploaded), rng, sqs, queues)
                 due["duplicate"] = now + rng.uniform(0.5, 1.5) * self.config.duplicate_every
+            if now >= due["delete"]:
+                self.delete(photos, parts, rng)
+                due["delete"] = now + rng.uniform(0.5, 1.5) * self.config.delete_every
             if now >= due["malformed"] and malformed:
                 name = malformed.pop()
                 sqs.send_message(QueueUrl=queues.url, MessageBody=MALFORMED[name])
@@ -866,6 +877,45 @@ class Run:
             if now >= due["target"]:
                 self.target_last_attempts(photos, parts, rng)
                 due["target"] = now + 0.5
+
+    def delete(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
+        """A user deletes a photo, in whatever state it is (a render may hold it, a retry may be
+        due, a letter owed): from then on nothing of it may be left or published. A deletion the
+        database refused (it is being failed) is tried again at the next turn."""
+        waiting = [p for p in photos if p.expected == "deleted" and not p.deleted]
+        if not waiting:
+            registered = [
+                p
+                for p in photos
+                if p.expected != "deleted" and any(a.startswith("registered") for _, a in p.actions)
+            ]
+            if not registered:
+                return
+            # Half of them among the newest: most likely held by a render, or between its puts.
+            chosen = rng.choice(registered[-5:] if rng.random() < 0.5 else registered)
+            chosen.expected = "deleted"
+            self.tally.deletions[chosen.kind] += 1
+            waiting = [chosen]
+        planned = waiting[0]
+        s3, _ = stack.clients()
+        try:
+            found = photo_uploads.delete(
+                parts.database.engine, S3Store(s3, self.bucket), parts.settings, planned.photo_id
+            )
+        except (DBAPIError, OSError) as error:
+            planned.did(f"deletion failed, tried again: {type(error).__name__}")
+            return
+        # (Not found: an earlier try committed, and its answer was lost with the connection.)
+        planned.deleted = time.time()
+        planned.did("deleted" if found else "deleted (already, by an earlier try)")
+
+    def finish_deletions(self, photos: list[Planned], parts: Parts) -> None:
+        """A deletion the chaos kept refusing is done before the drain (bounded: the faults stop)."""
+        rng = random.Random(0)
+        deadline = time.monotonic() + 60
+        while any(p.expected == "deleted" and not p.deleted for p in photos) and time.monotonic() < deadline:
+            self.delete(photos, parts, rng)
+            time.sleep(0.5)
 
     def target_last_attempts(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
         """Half the unlucky photos: the dead-letter queue refuses sends through their last attempt.
@@ -945,7 +995,8 @@ class Run:
             if line != last:
                 self.say(line)
                 last = line
-            if state["unsettled"] == 0 and state["open_jobs"] == 0 and in_queue == 0:
+            done = state["unsettled"] == 0 and state["open_jobs"] == 0 and state["unpurged"] == 0
+            if done and in_queue == 0:
                 return True
             time.sleep(1)
         return False

@@ -11,7 +11,9 @@ Invariants (issue 12, from SPEC 4.1, 5 and 6), for every photo of the run:
 - variant objects of a photo that is not ready are counted and explained (an attempt stored them,
   then died or failed before its commit: the design writes before it commits);
 - the dead-letter queue holds nothing that pages for no final failure: no malformed message, no
-  letter for a photo that ended published unless a genuine re-upload reopened it.
+  letter for a photo that ended published unless a genuine re-upload reopened it;
+- a photo deleted in whatever state (its render running, a retry due, a letter owed) leaves no row,
+  no object and no event after its `photo.deleted`.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.tables import deleted_photos
 from photo_publish.errors import ErrorCode
 
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VARIANT_PHOTO = re.compile(r"/variants/([0-9a-f-]{36})/")
+ORIGINAL_PHOTO = re.compile(r"/originals/albums/[0-9a-f-]{36}/([0-9a-f-]{36})/")
 SETTLED = ("ready", "processing_failed")
 HISTORY_LINES = 120
 
@@ -83,11 +87,17 @@ def progress(engine: Engine) -> dict[str, int]:
             ).all()
         )
         jobs = dict(connection.execute(select(PhotoJob.status, func.count()).group_by(PhotoJob.status)).all())
+        deleted, unpurged = connection.execute(
+            select(func.count(), func.count().filter(deleted_photos.c.purged_at.is_(None)))
+        ).one()
     return {
         "ready": states.get("ready", 0),
         "failed": states.get("processing_failed", 0),
         "unsettled": sum(n for s, n in states.items() if s not in SETTLED),
         "open_jobs": jobs.get("active", 0) + jobs.get("pending", 0),
+        "deleted": deleted,
+        # Deleted photos whose objects the sweep has yet to purge once more.
+        "unpurged": unpurged,
     }
 
 
@@ -110,6 +120,7 @@ class Snapshot:
     events: dict[str, list[Any]]
     variant_rows: dict[str, list[Any]]
     objects: dict[str, list[str]]
+    originals: dict[str, list[str]]
     letters: dict[str, list[dict[str, Any]]]
     redriven: list[dict[str, Any]]
 
@@ -128,14 +139,8 @@ def snapshot(inputs: Inputs) -> Snapshot:
         variant_rows: dict[str, list[Any]] = defaultdict(list)
         for row in connection.execute(select(PhotoVariant)):
             variant_rows[str(row.photo_id)].append(row)
-    objects: dict[str, list[str]] = defaultdict(list)
-    for page in inputs.s3.get_paginator("list_objects_v2").paginate(
-        Bucket=inputs.bucket, Prefix=f"{inputs.stage}/albums/"
-    ):
-        for item in page.get("Contents", []):
-            found = VARIANT_PHOTO.search(item["Key"])
-            if found:
-                objects[found.group(1)].append(item["Key"])
+    objects = _keys_by_photo(inputs, f"{inputs.stage}/albums/", VARIANT_PHOTO)
+    originals = _keys_by_photo(inputs, f"{inputs.stage}/originals/albums/", ORIGINAL_PHOTO)
     letters: dict[str, list[dict[str, Any]]] = defaultdict(list)
     redriven = []
     for message in dead_letter_messages(inputs.sqs, inputs.queues.dead_letter_url):
@@ -147,7 +152,17 @@ def snapshot(inputs: Inputs) -> Snapshot:
             )
         else:
             redriven.append(message)
-    return Snapshot(photos, jobs, events, variant_rows, objects, letters, redriven)
+    return Snapshot(photos, jobs, events, variant_rows, objects, originals, letters, redriven)
+
+
+def _keys_by_photo(inputs: Inputs, prefix: str, photo: re.Pattern[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = defaultdict(list)
+    for page in inputs.s3.get_paginator("list_objects_v2").paginate(Bucket=inputs.bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            match = photo.search(item["Key"])
+            if match:
+                found[match.group(1)].append(item["Key"])
+    return found
 
 
 def dead_letter_messages(sqs: Any, url: str) -> list[dict[str, Any]]:
@@ -307,6 +322,9 @@ class Checker:
         self.report.explained[reason] += 1
 
     def photo(self, photo_id: str, plan: Any) -> None:
+        if plan.expected == "deleted":
+            self.deleted(photo_id, plan)
+            return
         row = self.snap.photos.get(photo_id)
         if row is None:
             self.violated(photo_id, "photo row", "the upload API's row is missing")
@@ -320,6 +338,35 @@ class Checker:
             self.violated(photo_id, "settled", f"photo still {row.processing_state}")
         self.orphans(photo_id, row)
         self.letters_owed(photo_id, plan)
+
+    def deleted(self, photo_id: str, plan: Any) -> None:
+        """Nothing of a deleted photo is left (SPEC 17), whatever raced its deletion, and nothing of
+        it was published after its `photo.deleted` event."""
+        if plan.deleted is None:
+            self.violated(photo_id, "deleted", "the harness never managed to delete it")
+            return
+        snap = self.snap
+        left = [
+            name
+            for name, found in (
+                ("the photo row", photo_id in snap.photos),
+                ("the job row", photo_id in snap.jobs),
+                ("variant rows", bool(snap.variant_rows.get(photo_id))),
+                ("variant objects", bool(snap.objects.get(photo_id))),
+                ("the original", bool(snap.originals.get(photo_id))),
+            )
+            if found
+        ]
+        if left:
+            self.violated(photo_id, "nothing left of a deleted photo", ", ".join(left) + " still there")
+        events = snap.events.get(photo_id, [])
+        gone = [e for e in events if e.event_type == "photo.deleted"]
+        if len(gone) != 1:
+            self.violated(photo_id, "one photo.deleted event", f"{len(gone)} events")
+            return
+        later = [e.event_type for e in events if e.created_at > gone[0].created_at]
+        if later:
+            self.violated(photo_id, "nothing after the deletion", f"events after photo.deleted: {later}")
 
     def job(self, photo_id: str, row: Any) -> None:
         job = self.snap.jobs.get(photo_id)
@@ -547,6 +594,7 @@ def figures(inputs: Inputs, snap: Snapshot, logs: Logs) -> dict[str, Any]:
         "outages": dict(inputs.tally.outages),
         "database": inputs.database | {"faults": dict(inputs.tally.database)},
         "duplicates": dict(inputs.tally.duplicates),
+        "deletions": dict(inputs.tally.deletions),
         "malformed_sent": inputs.tally.malformed,
         "sweeps": dict(logs.sweeps),
         "dead_letters": {
@@ -651,6 +699,7 @@ def publish(report: Report, run_dir: Path) -> None:
         "outages",
         "database",
         "duplicates",
+        "deletions",
         "malformed_sent",
         "sweeps",
         "dead_letters",
