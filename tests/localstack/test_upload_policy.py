@@ -8,8 +8,9 @@ the policy binds fails here; and nothing is stored at any key. LocalStack 2026.3
 condition the policy carries: the key, both ends of `content-length-range` (an empty body is
 EntityTooSmall), the Content-Type and the encryption. What it does not check is the policy's
 signature: a policy rewritten by the client with its signature left as it was is accepted
-(LocalStack's validate_post_policy: "TODO: validate the signature"), where AWS answers 403
-SignatureDoesNotMatch; the last test pins that gap, so that nothing here claims more.
+(LocalStack's validate_post_policy: "TODO: validate the signature"), where AWS refuses it, the
+signature no longer matching the policy; the last test pins that gap, so that nothing here claims
+more.
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ def test_an_allowed_upload_is_stored_as_declared_and_published_to_the_bus(
 
 def test_localstack_does_not_check_the_policys_signature(infra: Infra, db: Engine) -> None:
     """A gap of the emulator, pinned so that this file never claims more: AWS refuses a policy the
-    client rewrote (403 SignatureDoesNotMatch, as the signature no longer matches); LocalStack
-    checks the rewritten policy's conditions and stores the upload."""
+    client rewrote (the signature no longer matches it); LocalStack checks the rewritten policy's
+    conditions and stores the upload."""
     # GIVEN a registration whose policy the client rewrote to allow a larger body
     registration = register(infra, db)
     policy = json.loads(base64.b64decode(registration.fields["policy"]))
