@@ -178,8 +178,9 @@ def test_an_allowed_upload_is_stored_as_declared_and_published_to_the_bus(
 ) -> None:
     # GIVEN a registration, and a rule on the bus sending photo-publish's events to a queue
     registration = register(infra, db)
+    assert registration.fields["x-amz-algorithm"] == "AWS4-HMAC-SHA256"
 
-    # WHEN the browser posts the fields and the file as declared
+    # WHEN the browser posts the fields and the file as declared (SigV4, as AWS requires)
     response = post(registration, JPEG)
 
     # THEN S3 stores it at the key, with the declared type and the bucket's encryption
