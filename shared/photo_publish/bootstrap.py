@@ -89,7 +89,9 @@ def session() -> boto3.session.Session:
 
 @_Once
 def s3_client() -> S3Client:
-    return session().client("s3", config=_CLIENT_CONFIG)
+    # SigV4 named, not left to botocore: unset, it presigns S3 (a registration's POST) with SigV2,
+    # which S3 refuses on buckets created after June 2020 and in regions opened since 2014.
+    return session().client("s3", config=_CLIENT_CONFIG.merge(Config(signature_version="s3v4")))
 
 
 @_Once

@@ -85,7 +85,9 @@ def register(
 ) -> Registration:
     """A new photo in `album_id` and the POST that uploads its original; Refused for a request that
     cannot be one (an album id that is not a UUID, a file name that cleans to nothing, a type SPEC 3
-    does not decode, a size outside 1..MAX_ORIGINAL_BYTES)."""
+    does not decode, a size outside 1..MAX_ORIGINAL_BYTES). `s3` signs the POST: give it
+    `Config(signature_version="s3v4")` (bootstrap.s3_client() has it), as botocore otherwise signs
+    presigned requests with SigV2, which S3 refuses on buckets created since June 2020."""
     album = _album(album_id)
     name = clean_file_name(file_name) if isinstance(file_name, str) else ""
     if not name:

@@ -123,6 +123,43 @@ def test_the_policy_binds_the_key_the_size_the_type_and_the_encryption(infra: In
     assert {"x-amz-server-side-encryption": "AES256"} in policy["conditions"]
 
 
+def test_the_upload_functions_client_signs_the_post_with_sigv4(infra: Infra, db: Engine) -> None:
+    """botocore presigns S3 with SigV2 unless told otherwise, and S3 refuses SigV2 on buckets
+    created since June 2020 (the template's bucket is one); no emulator here checks signatures."""
+    registration = uploads.register(
+        db,
+        bootstrap.s3_client(),
+        infra.settings,
+        album_id=uuid.uuid4(),
+        file_name="a.jpg",
+        content_type="image/jpeg",
+    )
+    assert registration.fields["x-amz-algorithm"] == "AWS4-HMAC-SHA256"
+    assert {"x-amz-credential", "x-amz-date", "x-amz-signature"} <= set(registration.fields)
+    assert not {"AWSAccessKeyId", "signature"} & set(registration.fields)
+
+
+def test_motos_server_stores_a_post_that_breaks_its_policy(infra: Infra, db: Engine) -> None:
+    """Why tests/localstack/test_upload_policy.py exists: here a body over the declared size, of
+    another type and without the encryption is stored all the same (S3 answers 400 EntityTooLarge
+    and 403 AccessDenied, shown against LocalStack)."""
+    # GIVEN a registration for a JPEG of a declared size
+    registration = register(infra, db, size=len(JPEG))
+    fields = registration.fields | {"Content-Type": "text/html"}
+    del fields["x-amz-server-side-encryption"]
+
+    # WHEN the browser posts more than that, as another type, without the encryption
+    response = requests.post(
+        registration.url, data=fields, files={"file": ("photo.jpg", JPEG + b"\0" * 100)}, timeout=30
+    )
+
+    # THEN moto's server stores it
+    assert response.status_code in (200, 201, 204)
+    head = infra.s3.head_object(Bucket=BUCKET, Key=registration.key)
+    assert (head["ContentLength"], head["ContentType"]) == (len(JPEG) + 100, "text/html")
+    assert "ServerSideEncryption" not in head
+
+
 def test_a_failed_photo_says_why_in_words(infra: Infra, db: Engine) -> None:
     registration = register(infra, db)
     post(registration, b"not a picture at all")

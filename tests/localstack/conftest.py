@@ -6,9 +6,12 @@ LocalStack that does not answer is a failure, never a skip.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from devkit import stack
+from tests.conftest import Infra
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,3 +36,12 @@ def localstack_endpoint() -> str:
     if problem:
         pytest.fail(problem, pytrace=False)
     return endpoint
+
+
+@pytest.fixture
+def bus(infra: Infra) -> stack.Subscriber:
+    """A bus of this test's own, a rule on it to a subscriber's queue, and the functions pointed at it."""
+    stack.check_localstack(stack.localstack_endpoint(), ("s3", "sqs", "events"))
+    subscriber = stack.subscribe(stack.events_client(), infra.sqs, f"photo-publish-{uuid.uuid4().hex[:10]}")
+    infra.configure(event_bus_name=subscriber.bus_name)
+    return subscriber

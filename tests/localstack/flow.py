@@ -9,7 +9,7 @@ from uuid import UUID
 
 from sqlalchemy import Engine, func, select
 
-from devkit import handlers, samples, uploads
+from devkit import handlers, samples, stack, uploads
 from devkit.poller import Handler
 from photo_publish.adapters.models import OutboxEvent
 from tests.conftest import BUCKET, STAGE, Infra
@@ -95,3 +95,14 @@ def last_move_task(infra: Infra, source_arn: str, *, timeout: float = 15) -> dic
             return dict(tasks[0])
         assert time.monotonic() < deadline, f"the move task is still {tasks[0]['Status']}"
         time.sleep(0.1)
+
+
+def arrived(infra: Infra, bus: stack.Subscriber, count: int, timeout: float = 20) -> list[dict[str, Any]]:
+    """The subscriber's events once `count` have arrived; then one more look for any extra."""
+    found: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(found) < count and time.monotonic() < deadline:
+        found += stack.received(infra.sqs, bus.queue_url)
+        time.sleep(0.2)
+    time.sleep(1)
+    return found + stack.received(infra.sqs, bus.queue_url)

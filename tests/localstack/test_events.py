@@ -7,8 +7,6 @@ events arrive (or a deadline passes).
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -23,30 +21,12 @@ from photo_publish.errors import ErrorCode
 from photo_publish.outbox.contracts import PhotoFailedPayload, PhotoPublishedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
+from tests.localstack.flow import arrived
 from tests.polling import poll_until
 from tests.rows import job, photo
 
 pytestmark = pytest.mark.localstack
 relay = handlers.load("relay")
-
-
-@pytest.fixture
-def bus(infra: Infra) -> stack.Subscriber:
-    stack.check_localstack(stack.localstack_endpoint(), ("s3", "sqs", "events"))
-    subscriber = stack.subscribe(stack.events_client(), infra.sqs, f"photo-publish-{uuid.uuid4().hex[:10]}")
-    infra.configure(event_bus_name=subscriber.bus_name)
-    return subscriber
-
-
-def arrived(infra: Infra, bus: stack.Subscriber, count: int, timeout: float = 20) -> list[dict[str, Any]]:
-    """The subscriber's events once `count` have arrived; then one more look for any extra."""
-    found: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(found) < count and time.monotonic() < deadline:
-        found += stack.received(infra.sqs, bus.queue_url)
-        time.sleep(0.2)
-    time.sleep(1)
-    return found + stack.received(infra.sqs, bus.queue_url)
 
 
 def rows(db: Engine) -> dict[str, Any]:
