@@ -123,7 +123,7 @@ endef
 
 # In this order; one that fails does not stop the others (report still plots what there is), and
 # make fails at the end, naming it.
-BENCH_MODULES := compare memory coldstart lambdainit delivery sweep heic hostile placeholder backfill relay report
+BENCH_MODULES := compare memory coldstart lambdainit delivery upload sweep heic hostile placeholder backfill relay report
 
 bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 	@$(VIPSTHUMBNAIL_INSTALL)
