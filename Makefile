@@ -7,10 +7,11 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak fuzz fuzz-replay build clean
+.PHONY: help venv tools demo gallery test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak fuzz fuzz-replay build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
+	@echo "make gallery   the gallery page on loopback: pick photos in a browser, watch them publish"
 	@echo "make test      lint, types and every test (embedded PostgreSQL, moto's server)"
 	@echo "make test-localstack  the S3/SQS tests against a real LocalStack on the host (Python 3.13)"
 	@echo "make test-aws-local   sam local invoke in Lambda containers, sam deploy into LocalStack (Docker, root)"
@@ -49,6 +50,11 @@ tools: $(TOOLS)/.installed
 
 demo: venv
 	$(BIN)/python -m devkit.demo
+
+# The gallery (SPEC 17) against the same local stack; npm's `thumbhash` goes into .local/gallery-node
+# on first use. GALLERY_PORT (8022) says where it listens, on 127.0.0.1 only.
+gallery: venv
+	$(BIN)/python -m devkit.gallery
 
 # Not the tests that need Docker (marker aws_local: make test-aws-local).
 test: lint typecheck tools
