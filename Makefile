@@ -7,10 +7,11 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak fuzz fuzz-replay build clean
+.PHONY: help venv tools demo gallery browser test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak fuzz fuzz-replay build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
+	@echo "make gallery   the gallery page on loopback: pick photos in a browser, watch them publish"
 	@echo "make test      lint, types and every test (embedded PostgreSQL, moto's server)"
 	@echo "make test-localstack  the S3/SQS tests against a real LocalStack on the host (Python 3.13)"
 	@echo "make test-aws-local   sam local invoke in Lambda containers, sam deploy into LocalStack (Docker, root)"
@@ -50,8 +51,30 @@ tools: $(TOOLS)/.installed
 demo: venv
 	$(BIN)/python -m devkit.demo
 
+# The gallery (SPEC 17) against the same local stack; npm's `thumbhash` goes into .local/gallery-node
+# on first use. GALLERY_PORT (8022) says where it listens, on 127.0.0.1 only.
+gallery: venv
+	$(BIN)/python -m devkit.gallery
+
+# Debian's chromium and chromium-driver, which tests/e2e_local/test_gallery.py drives: installed with
+# apt-get as root or with passwordless sudo where missing (apt-get update only when the install
+# fails). Where they cannot be installed this says so and the gallery's test fails: it never skips.
+define CHROMIUM_INSTALL
+test -x /usr/bin/chromium && test -x /usr/bin/chromedriver && exit 0; \
+if [ "$$(id -u)" = 0 ]; then sudo=; \
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+else echo "MISSING chromium: not root and no passwordless sudo (apt-get install chromium chromium-driver)"; exit 0; fi; \
+command -v apt-get >/dev/null || { echo "MISSING chromium: no apt-get here (install chromium and its chromedriver)"; exit 0; }; \
+install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver"; \
+$$install || { $$sudo apt-get update -q && $$install; } || \
+echo "MISSING chromium: apt-get could not install chromium chromium-driver"
+endef
+
+browser:
+	@$(CHROMIUM_INSTALL)
+
 # Not the tests that need Docker (marker aws_local: make test-aws-local).
-test: lint typecheck tools
+test: lint typecheck tools browser
 	$(BIN)/python -m pytest -q --ignore=tests/localstack -m "not aws_local"
 
 unit: venv
@@ -60,7 +83,7 @@ unit: venv
 integration: venv tools
 	$(BIN)/python -m pytest -q tests/integration
 
-e2e: venv
+e2e: venv browser
 	$(BIN)/python -m pytest -q tests/e2e_local
 
 # The database tests again, against the PostgreSQL 15 server these machines run (Aurora runs 15/16).

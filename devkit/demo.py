@@ -123,8 +123,9 @@ class Stack:
     subscriber: stack.Subscriber
 
 
-def start_stack(url: str) -> Stack:
-    """Migrations, the queue pair and the bucket's notification, and the functions' environment."""
+def start_stack(url: str, **settings: Any) -> Stack:
+    """Migrations, the queue pair and the bucket's notification, and the functions' environment
+    (`settings`: more of the functions' settings, e.g. variant_base_url)."""
     stack.migrate(url)
     s3, sqs = stack.clients()
     queues = stack.create_queues(
@@ -133,16 +134,17 @@ def start_stack(url: str) -> Stack:
     stack.create_bucket(s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
     # The bus, as the template makes it, and a consuming service's rule to its own queue.
     subscriber = stack.subscribe(stack.events_client(), sqs, f"photo-publish-demo-{uuid.uuid4().hex[:6]}")
-    settings = Settings(
+    configured = Settings(
         database_url=url,
         photo_bucket=BUCKET,
         stage=STAGE,
         process_queue_url=queues.url,
         dead_letter_queue_url=queues.dead_letter_url,
         event_bus_name=subscriber.bus_name,
+        **settings,
     )
-    function_environment(settings)
-    return Stack(settings, create_database_engine(settings), s3, sqs, queues, subscriber)
+    function_environment(configured)
+    return Stack(configured, create_database_engine(configured), s3, sqs, queues, subscriber)
 
 
 @dataclass
