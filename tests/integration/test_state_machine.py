@@ -1,8 +1,8 @@
-"""A stateful property test of the job state machine (SPEC 4.1 and 5) on a real PostgreSQL.
+"""A stateful property test of the job state machine (SPEC 4.1, 5, 16 and 17) on a real PostgreSQL.
 
 Hypothesis interleaves deliveries, duplicates, upload events, transient and permanent failures,
-crashed workers, time passing (stale claims, backoffs running out), sweeps and operator retries
-over a few photos, and checks the invariants after every step. The repository, the service, the
+crashed workers, time passing (stale claims, backoffs running out), sweeps, operator retries and
+users' deletions (also one that lands while a render is putting its variants) over a few photos, and checks the invariants after every step. The repository, the service, the
 sweep and libvips are the real ones; in the first machine the object store and the queue are
 in-process recordings. The second drives every delivery through the real process handler: a real
 SQS message (moto's server) in a Lambda-shaped event, the real S3 store and queue behind it.
@@ -17,7 +17,7 @@ import json
 import os
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -31,12 +31,14 @@ from sqlalchemy import Engine, func, select, text
 from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext, sqs_event
 from photo_publish import bootstrap, operator
-from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
+from photo_publish import uploads as app_uploads
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.jobs.sweep import Sweeper
-from photo_publish.keys import Upload, parse_original_key
-from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.keys import Upload, parse_original_key, photo_prefixes
+from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.publish.outcomes import Outcome
 from photo_publish.publish.repository import PhotoRepository
 from photo_publish.publish.service import PhotoService
@@ -59,10 +61,13 @@ FAULTS = st.sampled_from([None, None, ErrorCode.STORAGE_READ_FAILED, ErrorCode.D
 
 @dataclass
 class Store:
-    """The originals, with the next read's fault set by the test."""
+    """The originals, with the next read's fault set by the test; the variants put."""
 
     fault: ErrorCode | None = None
     puts: int = 0
+    objects: set[str] = field(default_factory=set)
+    # Called once, at the next put: what happens while a render is storing its variants.
+    during_put: Callable[[], None] | None = None
 
     def open_original(self, key: str, max_bytes: int) -> Any:
         fault, self.fault = self.fault, None
@@ -74,9 +79,18 @@ class Store:
 
     def put_variant(self, key: str, data: bytes, content_type: str) -> None:
         self.puts += 1
+        if self.during_put is not None:
+            self.during_put, during = None, self.during_put
+            during()
+        self.objects.add(key)
 
     def delete_variants(self, keys: Any) -> list[str]:
+        self.objects.difference_update(keys)
         return list(keys)
+
+    def delete_under(self, prefixes: Any) -> bool:
+        self.objects = {k for k in self.objects if not k.startswith(tuple(prefixes))}
+        return True
 
 
 @dataclass
@@ -132,6 +146,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.ever_ready: set[uuid.UUID] = set()
         # Each photo's uploads so far: an upload event announces the newest (or, late, an older one).
         self.uploads = [1] * PHOTOS
+        self.deleted: set[uuid.UUID] = set()
 
     # --- what the world does ------------------------------------------------------------
 
@@ -193,6 +208,9 @@ class JobStateMachine(RuleBasedStateMachine):
                     " dead_letter_owed_at = dead_letter_owed_at - interval '1 hour'"
                 )
             )
+            connection.execute(
+                text("UPDATE deleted_photos SET purge_after = purge_after - interval '1 hour'")
+            )
 
     @rule()
     def the_sweep_runs(self) -> None:
@@ -203,7 +221,50 @@ class JobStateMachine(RuleBasedStateMachine):
         for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
             self.queue.send_job(photo_id)
 
+    @rule(index=st.integers(0, PHOTOS - 1))
+    def a_user_deletes_the_photo(self, index: int) -> None:
+        """In whatever state it is: pending, its worker dead holding it, a retry due, failed with a
+        letter owed, published; its messages stay in flight."""
+        self._delete(self.photos[index].photo_id)
+
+    @rule(index=st.integers(0, PHOTOS - 1))
+    def a_user_deletes_the_photo_while_it_renders(self, index: int) -> None:
+        """The deletion commits while a delivery's render is putting its variants."""
+        photo_id = self.photos[index].photo_id
+        self.store.during_put = lambda: self._delete(photo_id)
+        self._deliver(index, None)
+        if self.store.during_put is not None:  # nothing was rendered (or not through this store)
+            self.store.during_put = None
+            self._delete(photo_id)
+
+    def _delete(self, photo_id: uuid.UUID) -> None:
+        app_uploads.delete(self.engine, self._object_store(), self.settings, photo_id)
+        self.deleted.add(photo_id)
+
+    def _object_store(self) -> Any:
+        return self.store
+
+    def _objects_of(self, photo_id: uuid.UUID, album_id: uuid.UUID) -> list[str]:
+        prefixes = tuple(photo_prefixes(STAGE, album_id, photo_id))
+        return sorted(k for k in self.store.objects if k.startswith(prefixes))
+
     # --- what must always hold ---------------------------------------------------------
+
+    @invariant()
+    def a_deleted_photo_has_no_row_and_nothing_after_its_deletion(self) -> None:
+        """SPEC 17: its rows go with it, and nothing of it is published or failed afterwards."""
+        with self.engine.connect() as connection:
+            for photo_id in self.deleted:
+                for table, column in ((Photo, Photo.id), (PhotoJob, PhotoJob.photo_id)):
+                    assert connection.scalar(select(func.count()).where(column == photo_id)) == 0, table
+                variants = select(func.count()).where(PhotoVariant.photo_id == photo_id)
+                assert connection.scalar(variants) == 0
+                types = connection.scalars(
+                    select(OutboxEvent.event_type)
+                    .where(OutboxEvent.aggregate_id == photo_id)
+                    .order_by(OutboxEvent.created_at)
+                ).all()
+                assert types == [PHOTO_DELETED], f"events of a deleted photo: {types}"
 
     @invariant()
     def at_most_one_event_and_one_version_bump_per_photo(self) -> None:
@@ -255,7 +316,10 @@ class JobStateMachine(RuleBasedStateMachine):
     @invariant()
     def attempts_stay_within_the_limit(self) -> None:
         with self.engine.connect() as connection:
-            assert connection.scalar(select(func.max(PhotoJob.attempt))) <= self.settings.max_attempts
+            assert (
+                connection.scalar(select(func.coalesce(func.max(PhotoJob.attempt), 0)))
+                <= self.settings.max_attempts
+            )
 
     def teardown(self) -> None:
         """With faults gone and time passing, every photo settles: ready or processing_failed."""
@@ -281,6 +345,12 @@ class JobStateMachine(RuleBasedStateMachine):
         with self.engine.connect() as connection:
             owed = connection.scalar(select(func.count()).where(PhotoJob.dead_letter_owed_at.is_not(None)))
         assert owed == 0, "a dead letter is still owed after the sweeps"
+        # A deleted photo's variants, put by a render that raced its deletion, were purged.
+        for shot in self.photos:
+            if shot.photo_id in self.deleted:
+                assert self._objects_of(shot.photo_id, shot.album_id) == [], (
+                    "a deleted photo's objects stayed"
+                )
 
     def dead_letters(self) -> list[tuple[uuid.UUID, ErrorCode]]:
         return self.queue.dead
@@ -322,6 +392,10 @@ class RealHandlerMachine(JobStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # The sweep's purges and retirements reach the bucket the handler writes.
+        self.sweeper = Sweeper(
+            self.engine, self.queue, self.settings, store=S3Store(self.s3, REAL_BUCKET), batch_size=2
+        )
         for shot in self.photos:
             uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL)
         while messages := self.sqs.receive_message(
@@ -360,7 +434,7 @@ class RealHandlerMachine(JobStateMachine):
         with ExitStack() as stack_:
             if fault is ErrorCode.STORAGE_READ_FAILED:
                 stack_.enter_context(aws_fails(bootstrap.s3_client(), "GetObject"))
-            elif fault is ErrorCode.DECODE_FAILED:
+            elif fault is ErrorCode.DECODE_FAILED and shot.photo_id not in self.deleted:
                 # This delivery reads a broken original; the photo's own comes back afterwards.
                 uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL[: len(ORIGINAL) // 2])
                 stack_.callback(uploads.put_original, self.s3, REAL_BUCKET, shot.key, ORIGINAL)
@@ -371,6 +445,16 @@ class RealHandlerMachine(JobStateMachine):
                     aws_fails(bootstrap.sqs_client(), "SendMessage", times=self.queue.refusing)
                 )
             yield sends
+
+    def _object_store(self) -> Any:
+        return S3Store(self.s3, REAL_BUCKET)
+
+    def _objects_of(self, photo_id: uuid.UUID, album_id: uuid.UUID) -> list[str]:
+        keys = []
+        for prefix in photo_prefixes(STAGE, album_id, photo_id):
+            listed = self.s3.list_objects_v2(Bucket=REAL_BUCKET, Prefix=prefix).get("Contents", [])
+            keys += [o["Key"] for o in listed]
+        return sorted(keys)
 
     def dead_letters(self) -> list[tuple[uuid.UUID, ErrorCode]]:
         dead = list(self.queue.dead)  # the sweep's (it is given the recording queue)
