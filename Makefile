@@ -56,22 +56,23 @@ demo: venv
 gallery: venv
 	$(BIN)/python -m devkit.gallery
 
-# Debian's chromium and chromium-driver, which tests/e2e_local/test_gallery.py drives: installed with
-# apt-get as root or with passwordless sudo where missing (apt-get update only when the install
-# fails). Where they cannot be installed this says so and the gallery's test fails: it never skips.
-define CHROMIUM_INSTALL
-test -x /usr/bin/chromium && test -x /usr/bin/chromedriver && exit 0; \
+# Debian packages a target needs, with apt-get as root or with passwordless sudo where missing
+# (apt-get update only when the install fails: a fresh image has no package lists). Arguments: the
+# check that they are there, the packages, and what to print where they cannot be installed.
+define APT_INSTALL
+$(1) && exit 0; \
 if [ "$$(id -u)" = 0 ]; then sudo=; \
 elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
-else echo "MISSING chromium: not root and no passwordless sudo (apt-get install chromium chromium-driver)"; exit 0; fi; \
-command -v apt-get >/dev/null || { echo "MISSING chromium: no apt-get here (install chromium and its chromedriver)"; exit 0; }; \
-install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver"; \
-$$install || { $$sudo apt-get update -q && $$install; } || \
-echo "MISSING chromium: apt-get could not install chromium chromium-driver"
+else echo "$(3): not root and no passwordless sudo (apt-get install $(2))"; exit 0; fi; \
+command -v apt-get >/dev/null || { echo "$(3): no apt-get here (install $(2))"; exit 0; }; \
+install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2)"; \
+$$install || { $$sudo apt-get update -q && $$install; } || echo "$(3): apt-get could not install $(2)"
 endef
 
+# Debian's chromium and chromium-driver, which tests/e2e_local/test_gallery.py drives. Where they
+# cannot be installed this says so and the gallery's test fails: it never skips.
 browser:
-	@$(CHROMIUM_INSTALL)
+	@$(call APT_INSTALL,test -x /usr/bin/chromium && test -x /usr/bin/chromedriver,chromium chromium-driver,MISSING chromium)
 
 # Not the tests that need Docker (marker aws_local: make test-aws-local).
 test: lint typecheck tools browser
@@ -132,24 +133,13 @@ $(BENCH312)/.installed: requirements.txt
 	$(BENCH312)/bin/python -m pip install --quiet -r requirements.txt && touch $@; } || \
 	{ rm -rf $(BENCH312); echo "SKIPPED python3.12: could not make $(BENCH312), no cold start"; }
 
-# apt-get update only when the install fails (a fresh image has no package lists).
-define VIPSTHUMBNAIL_INSTALL
-command -v vipsthumbnail >/dev/null && exit 0; \
-if [ "$$(id -u)" = 0 ]; then sudo=; \
-elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
-else echo "SKIPPED vipsthumbnail: not root and no passwordless sudo (apt-get install libvips-tools)"; exit 0; fi; \
-command -v apt-get >/dev/null || { echo "SKIPPED vipsthumbnail: no apt-get here (install libvips' tools)"; exit 0; }; \
-install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libvips-tools"; \
-$$install || { $$sudo apt-get update -q && $$install; } || \
-echo "SKIPPED vipsthumbnail: apt-get could not install libvips-tools"
-endef
 
 # In this order; one that fails does not stop the others (report still plots what there is), and
 # make fails at the end, naming it.
 BENCH_MODULES := compare memory coldstart lambdainit delivery upload sweep heic hostile placeholder backfill relay report
 
 bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
-	@$(VIPSTHUMBNAIL_INSTALL)
+	@$(call APT_INSTALL,command -v vipsthumbnail >/dev/null,--no-install-recommends libvips-tools,SKIPPED vipsthumbnail)
 	@failed=; for module in $(BENCH_MODULES); do \
 	echo "$(BIN)/python -m benchmarks.$$module"; \
 	$(BIN)/python -m benchmarks.$$module || failed="$$failed $$module"; \

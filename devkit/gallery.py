@@ -407,15 +407,7 @@ def stop_on_sigterm() -> None:
 
 def run(port: int) -> None:
     install_thumbhash()
-    started_moto = not stack.localstack() and not any(
-        os.environ.get(v)
-        for v in (
-            "AWS_ENDPOINT_URL",
-            "AWS_ENDPOINT_URL_S3",
-            "AWS_ENDPOINT_URL_SQS",
-            "AWS_ENDPOINT_URL_EVENTBRIDGE",
-        )
-    )
+    started_moto = not stack.localstack() and not stack.endpoint_named()
     if started_moto:
         moto_without_global_cors()
         moto_post_answers_cors()

@@ -113,6 +113,17 @@ def check_localstack(endpoint: str, services: tuple[str, ...] = ("s3", "sqs")) -
         raise RuntimeError(f"LocalStack at {endpoint} lacks services {missing} (SERVICES=s3,sqs?)")
 
 
+def endpoint_named() -> bool:
+    """The environment names an AWS endpoint (moto's or another's) for the clients to use."""
+    names = (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT_URL_SQS",
+        "AWS_ENDPOINT_URL_EVENTBRIDGE",
+    )
+    return any(os.environ.get(name) for name in names)
+
+
 @contextmanager
 def aws_endpoint() -> Iterator[None]:
     """moto's server on loopback, unless AWS_ENDPOINT_URL(_S3/_SQS) already names an endpoint.
@@ -134,15 +145,7 @@ def aws_endpoint() -> Iterator[None]:
             if added:
                 os.environ.pop("AWS_ENDPOINT_URL", None)
         return
-    if any(
-        os.environ.get(v)
-        for v in (
-            "AWS_ENDPOINT_URL",
-            "AWS_ENDPOINT_URL_S3",
-            "AWS_ENDPOINT_URL_SQS",
-            "AWS_ENDPOINT_URL_EVENTBRIDGE",
-        )
-    ):
+    if endpoint_named():
         yield
         return
     from moto.server import ThreadedMotoServer
