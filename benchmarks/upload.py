@@ -43,7 +43,7 @@ from sqlalchemy import event, text
 
 from benchmarks.corpus import photos, small_photos
 from benchmarks.delivery import RESULTS, moto_process
-from devkit import handlers, stack
+from devkit import gallery, handlers, stack
 from devkit.demo import BUCKET, start_stack
 from devkit.faultproxy import database_through, database_upstream, latency_proxy
 from devkit.poller import LambdaContext, Poller
@@ -54,6 +54,7 @@ REGISTRATIONS = int(os.environ.get("BENCH_REGISTRATIONS", "200"))
 POLL_EVERY = 0.05
 TARGET_P99_MS = 50.0
 TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+ROUTES = {route.key: route for route in gallery.template_routes()}
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -62,23 +63,18 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def http_api(method: str, path: str, route: str, body: Any = None, **parameters: str) -> dict[str, Any]:
-    """The request as API Gateway's HTTP API hands it to the function (payload 2.0)."""
-    return {
-        "version": "2.0",
-        "routeKey": f"{method} {route}",
-        "rawPath": path,
-        "rawQueryString": "",
-        "headers": {"content-type": "application/json"},
-        "requestContext": {
-            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1"},
-            "routeKey": f"{method} {route}",
-            "stage": "$default",
-            "requestId": uuid.uuid4().hex,
-        },
-        "pathParameters": parameters,
-        "body": None if body is None else json.dumps(body),
-        "isBase64Encoded": False,
-    }
+    """The request as API Gateway's HTTP API hands it to the function (the gallery's stand-in)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    return gallery.http_api_event(
+        ROUTES[f"{method} {route}"],
+        parameters,
+        method=method,
+        path=path,
+        query="",
+        headers={"content-type": "application/json"},
+        body=data,
+        source_ip="127.0.0.1",
+    )
 
 
 @dataclass
