@@ -6,8 +6,9 @@
     DELETE /photos/{photoId}          -> 204
 
 Who may call it is the API's authorizer (AWS_IAM by default: the app's backend signs, a browser
-never holds AWS credentials; or a JWT authorizer). Bad requests are 400 with a reason, an unknown
-photo 404.
+never holds AWS credentials; or a JWT authorizer). Behind a JWT authorizer a photo belongs to the
+token's subject that registered it: another user's GET or DELETE is answered as for an unknown
+photo. Bad requests are 400 with a reason, an unknown photo 404.
 """
 
 from __future__ import annotations
@@ -38,12 +39,23 @@ def _refused(reason: str, message: str) -> Response[str]:
     return _answer(HTTPStatus.BAD_REQUEST, {"reason": reason, "message": message})
 
 
+def _not_found() -> Response[str]:
+    return _answer(HTTPStatus.NOT_FOUND, {"reason": "PHOTO_NOT_FOUND", "message": "no such photo"})
+
+
+def _user() -> str | None:
+    """The end user behind a JWT authorizer (its token's subject), who owns what it registers;
+    None behind AWS_IAM, where the app's backend has checked its user itself."""
+    subject = app.current_event.request_context.authorizer.jwt_claim.get("sub")
+    return str(subject) if subject else None
+
+
 @app.post("/albums/<album_id>/photos")
 def register(album_id: str) -> Response[str]:
     try:
         request = json.loads(app.current_event.decoded_body or "")
-    except json.JSONDecodeError:
-        return _refused("BODY_INVALID", "the body must be a JSON object")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _refused("BODY_INVALID", "the body must be a JSON object in UTF-8")
     if not isinstance(request, dict):
         return _refused("BODY_INVALID", "the body must be a JSON object")
     settings = bootstrap.settings()
@@ -57,6 +69,7 @@ def register(album_id: str) -> Response[str]:
             content_type=request.get("contentType") or "",
             size=request.get("size"),
             keep_location=request.get("keepLocation") is True,
+            owner=_user(),
         )
     except uploads.Refused as refused:
         return _refused(refused.reason, str(refused))
@@ -66,9 +79,11 @@ def register(album_id: str) -> Response[str]:
 
 @app.get("/photos/<photo_id>")
 def status(photo_id: str) -> Response[str]:
-    answer = uploads.status(bootstrap.engine(), photo_id, base_url=bootstrap.settings().variant_base_url)
+    answer = uploads.status(
+        bootstrap.engine(), photo_id, base_url=bootstrap.settings().variant_base_url, owner=_user()
+    )
     if answer is None:
-        return _answer(HTTPStatus.NOT_FOUND, {"reason": "PHOTO_NOT_FOUND", "message": "no such photo"})
+        return _not_found()
     return _answer(HTTPStatus.OK, answer)
 
 
@@ -76,8 +91,8 @@ def status(photo_id: str) -> Response[str]:
 def delete(photo_id: str) -> Response[str]:
     settings = bootstrap.settings()
     store = S3Store(bootstrap.s3_client(), settings.photo_bucket)
-    if not uploads.delete(bootstrap.engine(), store, settings, photo_id):
-        return _answer(HTTPStatus.NOT_FOUND, {"reason": "PHOTO_NOT_FOUND", "message": "no such photo"})
+    if not uploads.delete(bootstrap.engine(), store, settings, photo_id, owner=_user()):
+        return _not_found()
     logger.info("photo deleted", photo_id=photo_id)
     return _answer(HTTPStatus.NO_CONTENT)
 

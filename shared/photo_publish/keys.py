@@ -99,14 +99,18 @@ def photo_prefixes(stage: str, album_id: UUID, photo_id: UUID) -> tuple[str, str
 
 # What a registered file name may not hold (SPEC 17): the key's separator, and control characters.
 _UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+# Unicode's control, format, surrogate, line and paragraph separator categories.
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 MAX_FILE_NAME_BYTES = 255
 
 
 def clean_file_name(name: str) -> str:
-    """The file name as an original key ends with it: no `/` (nor `\\`), no control characters,
+    """The file name as an original key ends with it: no `/` (nor `\\`), no control or format
+    characters (a right-to-left override would show `gpj.exe` as `exe.jpg`), no lone surrogates,
     surrounding blanks and dots trimmed, at most 255 bytes of UTF-8 (cut before the extension, on
     a character boundary). Empty if nothing is left."""
-    cleaned = _UNSAFE.sub("", unicodedata.normalize("NFC", name)).strip(" .")
+    visible = "".join(c for c in unicodedata.normalize("NFC", name) if unicodedata.category(c) not in _HIDDEN)
+    cleaned = _UNSAFE.sub("", visible).strip(" .")
     if len(cleaned.encode()) <= MAX_FILE_NAME_BYTES:
         return cleaned
     stem, dot, ext = cleaned.rpartition(".")

@@ -29,6 +29,7 @@ from sqlalchemy import Engine, select
 from photo_publish.adapters.models import Photo
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
+from photo_publish.adapters.tables import deleted_photos
 from photo_publish.events import MalformedMessage, from_sqs_body
 from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, parse_uuid
@@ -129,11 +130,18 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
         states = dict(
             connection.execute(select(Photo.id, Photo.processing_state).where(Photo.id.in_(photo_ids))).all()
         )
+        # A deleted photo's letter (its failure paged, then the user deleted it; or a sender held
+        # the letter while the deletion committed) speaks of nothing left: removed, never resent.
+        deleted = set(
+            connection.scalars(
+                select(deleted_photos.c.photo_id).where(deleted_photos.c.photo_id.in_(photo_ids))
+            )
+        )
     # Failed jobs were reset (a published photo's is its re-render's, taken up again); uploaded
     # photos still need a message; other published ones need none.
     to_send = [p for p in photo_ids if p in reset or states.get(p) == "uploaded"]
     # A photo with no row (an upload the API never registered) stays for a person to look at.
-    unknown = {p for p in photo_ids if p not in states}
+    unknown = {p for p in photo_ids if p not in states and p not in deleted}
     summary.left_in_queue += sum(len(by_photo[p]) for p in unknown)
 
     if move_task and to_send and _move_back(sqs, settings, by_photo, to_send, unknown):

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from sqlalchemy import Engine, select
 
-from photo_publish.adapters.tables import photo_variants, photos
+from photo_publish.adapters.tables import photo_jobs, photo_variants, photos
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, clean_file_name, original_key, parse_uuid, photo_prefixes
@@ -82,6 +82,7 @@ def register(
     content_type: str,
     size: int | None = None,
     keep_location: bool = False,
+    owner: str | None = None,
 ) -> Registration:
     """A new photo in `album_id` and the POST that uploads its original; Refused for a request that
     cannot be one (an album id that is not a UUID, a file name that cleans to nothing, a type SPEC 3
@@ -92,7 +93,7 @@ def register(
     name = clean_file_name(file_name) if isinstance(file_name, str) else ""
     if not name:
         raise Refused("FILE_NAME_INVALID", "the file name is empty once cleaned of / and control characters")
-    if content_type not in ACCEPTED_TYPES:
+    if not isinstance(content_type, str) or content_type not in ACCEPTED_TYPES:
         raise Refused("CONTENT_TYPE_UNSUPPORTED", f"{content_type!r} is not one of {sorted(ACCEPTED_TYPES)}")
     limit = settings.max_original_bytes
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit):
@@ -101,7 +102,7 @@ def register(
     photo_id = uuid.uuid4()
     key = original_key(settings.stage, album, photo_id, name)
     with engine.begin() as connection:
-        machine.register(connection, photo_id, album, key, keep_location=keep_location)
+        machine.register(connection, photo_id, album, key, keep_location=keep_location, owner=owner)
     # Signed, not sent: the browser's POST carries the policy, and S3 refuses what it does not allow.
     post = s3.generate_presigned_post(
         Bucket=settings.photo_bucket,
@@ -148,24 +149,36 @@ IN_WORDS = {
 }
 
 
-def status(engine: Engine, photo_id: str | UUID, *, base_url: str = "") -> dict[str, Any] | None:
+def status(
+    engine: Engine, photo_id: str | UUID, *, base_url: str = "", owner: str | None = None
+) -> dict[str, Any] | None:
     """What a polling client needs: the state, the error in words, the variants (with URLs under
-    `base_url` when one is set) and the placeholder; None for an unknown photo."""
+    `base_url` when one is set) and the placeholder; None for an unknown photo, or, given an
+    `owner`, for one that user did not register."""
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
         return None
     with engine.connect() as connection:
-        photo = connection.execute(select(photos).where(photos.c.id == photo_uuid)).one_or_none()
-        if photo is None:
+        photo = connection.execute(
+            select(photos, photo_jobs.c.status.label("job_status"))
+            .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
+            .where(photos.c.id == photo_uuid)
+        ).one_or_none()
+        if photo is None or (owner is not None and photo.owner != owner):
             return None
         variants = connection.execute(
             select(photo_variants)
             .where(photo_variants.c.photo_id == photo_uuid)
             .order_by(photo_variants.c.width)
         ).all()
-    code = ErrorCode(photo.error_code) if photo.error_code else None
+    # A failed photo given its attempts again (a new upload, the operator's retry) is processing
+    # until it publishes or fails anew; its old code says nothing more until then.
+    again = photo.processing_state == "processing_failed" and photo.job_status in ("pending", "active")
+    code = ErrorCode(photo.error_code) if photo.error_code and not again else None
     state = {"ready": "published", "processing_failed": "failed"}.get(photo.processing_state, "processing")
+    if again:
+        state = "processing"
     base = base_url.rstrip("/")
     return {
         "photoId": str(photo.id),
@@ -193,17 +206,20 @@ def status(engine: Engine, photo_id: str | UUID, *, base_url: str = "") -> dict[
     }
 
 
-def delete(engine: Engine, s3_store: Any, settings: Settings, photo_id: str | UUID) -> bool:
+def delete(
+    engine: Engine, s3_store: Any, settings: Settings, photo_id: str | UUID, *, owner: str | None = None
+) -> bool:
     """The photo leaves the product everywhere the product put it: its rows and waiting events at
     once (with a `photo.deleted` event), then its original and every variant of every version. A
     render that raced it commits nothing; objects it may have put meanwhile are purged by the sweep
-    once no worker can still hold the photo (STALE_AFTER_SECONDS). False for an unknown photo."""
+    once no worker can still hold the photo (STALE_AFTER_SECONDS). False for an unknown photo, or,
+    given an `owner`, for one that user did not register."""
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
         return False
     with engine.begin() as connection:
-        deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay)
+        deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay, owner=owner)
         if deleted is None:
             return False
         writer.append_deleted(connection, deleted)

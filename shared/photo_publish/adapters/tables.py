@@ -72,6 +72,8 @@ photos = Table(
     Column("variant_version", Integer),
     # The upload said its user agreed to keep the photo's location (migration 0009, SPEC 18).
     Column("keep_location", Boolean, nullable=False, server_default=text("false")),
+    # The JWT subject that registered it behind a JWT authorizer (migration 0010); null otherwise.
+    Column("owner", Text),
     *_created_updated(),
     CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
     CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),

@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert
 
-from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, photos
+from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, photos, retired_variants
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
 
@@ -201,12 +201,22 @@ def _keep(*columns: str) -> dict[str, Any]:
 
 
 def register(
-    connection: Connection, photo_id: UUID, album_id: UUID, original_key: str, *, keep_location: bool = False
+    connection: Connection,
+    photo_id: UUID,
+    album_id: UUID,
+    original_key: str,
+    *,
+    keep_location: bool = False,
+    owner: str | None = None,
 ) -> None:
     """What an upload API writes (SPEC 11): the photo and its job; every other column its default."""
     connection.execute(
         photos.insert().values(
-            id=photo_id, album_id=album_id, original_key=original_key, keep_location=keep_location
+            id=photo_id,
+            album_id=album_id,
+            original_key=original_key,
+            keep_location=keep_location,
+            owner=owner,
         )
     )
     connection.execute(photo_jobs.insert().values(photo_id=photo_id))
@@ -898,20 +908,23 @@ class Deleted:
     deleted_at: datetime
 
 
-def delete(connection: Connection, photo_id: UUID, *, purge_after: timedelta) -> Deleted | None:
+def delete(
+    connection: Connection, photo_id: UUID, *, purge_after: timedelta, owner: str | None = None
+) -> Deleted | None:
     """The photo leaves the product's tables: its row (its job and variant rows with it), its events
     still waiting in the outbox; a tombstone stays, so that a later event for it is acknowledged and
     the sweep purges its objects once more after `purge_after` (a worker that raced the deletion
     finds its claim gone and commits nothing, but may have put variants meanwhile). None if there
-    was no such photo. Whatever state the job was in: a worker holding it is fenced out."""
+    was no such photo (given an `owner`, none that user registered). Whatever state the job was in: a worker holding it is fenced out."""
     # The job's row first, the order every transaction takes them in (a publish locks its job,
     # then its photo): a deletion racing a commit waits for it instead of deadlocking with it.
     connection.execute(
         select(photo_jobs.c.photo_id).where(photo_jobs.c.photo_id == photo_id).with_for_update()
     )
+    mine = true() if owner is None else photos.c.owner == owner
     gone = connection.execute(
         photos.delete()
-        .where(photos.c.id == photo_id)
+        .where(photos.c.id == photo_id, mine)
         .returning(photos.c.album_id, photos.c.original_key, photos.c.entity_version, func.now())
     ).one_or_none()
     if gone is None:
@@ -921,6 +934,9 @@ def delete(connection: Connection, photo_id: UUID, *, purge_after: timedelta) ->
             outbox_events.c.aggregate_id == photo_id, outbox_events.c.published_at.is_(None)
         )
     )
+    # Its replaced versions' keys, waiting out their grace: the deletion takes every version's
+    # objects now, and the tombstone's purge any that come after.
+    connection.execute(retired_variants.delete().where(retired_variants.c.photo_id == photo_id))
     connection.execute(
         insert(deleted_photos)
         .values(
