@@ -190,15 +190,17 @@ def test_an_unreachable_database_returns_the_record_without_spending_an_attempt(
     assert job(db, shot.photo_id) == ("done", 1, None)
 
 
+@pytest.mark.parametrize("session_options", [True, False], ids=["startup-options", "set-local"])
 def test_a_row_locked_by_a_stuck_transaction_is_a_transient_failure_not_a_hang(
-    fast: Infra, db: Engine, engine: Engine
+    fast: Infra, db: Engine, engine: Engine, session_options: bool
 ) -> None:
-    # GIVEN a one-second statement and lock timeout, and another session holding the photo's job
-    # row in a transaction that never ends (a frozen worker, a person at a psql prompt)
-    fast.configure(db_statement_timeout_seconds=1)
+    # GIVEN a one-second statement timeout (a lock is waited for half of it), sent as startup
+    # options or, as behind RDS Proxy, set by each transaction; and another session holding the
+    # photo's job row in a transaction that never ends (a frozen worker, a person at a psql prompt)
+    fast.configure(db_statement_timeout_seconds=1, db_session_options=session_options)
     shot = upload(fast, db)
     with bootstrap.engine().connect() as probe:
-        assert probe.scalar(text("SHOW lock_timeout")) == "1s"
+        assert probe.scalar(text("SHOW lock_timeout")) == "500ms"
     with engine.connect() as stuck:
         stuck.execute(select(PhotoJob).where(PhotoJob.photo_id == shot.photo_id).with_for_update())
 

@@ -428,10 +428,20 @@ def test_the_environment_is_settings_fields_and_validates_as_settings(proxy: str
         assert settings.db_secret_arn == REQUIRED["DbSecretArn"]
         assert settings.db_host == REQUIRED["DbHost"]
         assert settings.db_prepare_statements is (proxy == "false")  # off behind RDS Proxy
-        # RDS Proxy refuses startup options ("doesn't support command-line options")
+        # RDS Proxy refuses startup options ("doesn't support command-line options"): each
+        # transaction sets the timeouts instead
         assert settings.db_session_options is (proxy == "false")
         assert settings.database_url is None  # in AWS: from the secret
         assert (settings.db_sslmode, settings.db_sslrootcert) == ("require", None)
+
+
+def test_by_default_the_functions_connect_to_a_proxy_and_to_a_database_alike() -> None:
+    # GIVEN the template deployed without DbHostIsRdsProxy
+    for name in Stack().functions():
+        settings = Settings.from_env(Stack().function(name)["Environment"]["Variables"])
+        # THEN no startup options (which RDS Proxy refuses) and no prepared statements (which pin):
+        # the timeouts come per transaction, which a direct database honours too
+        assert (settings.db_session_options, settings.db_prepare_statements) == (False, False)
 
 
 def test_a_ca_bundle_makes_the_functions_verify_the_database_server() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 
 from photo_publish.settings import Settings
 
@@ -72,6 +72,22 @@ class RotatingSecret:
         return changed
 
 
+def server_timeouts(settings: Settings) -> dict[str, int]:
+    """The server-side timeouts every statement of the functions runs under, in milliseconds."""
+    timeout = round(settings.db_statement_timeout_seconds * 1000)
+    return {
+        "statement_timeout": timeout,
+        # Below the statement's: a lock waited for as long as the statement may run would always be
+        # cancelled as a slow statement (PostgreSQL: "setting lock_timeout to a value larger than
+        # or equal to statement_timeout is pointless"); this way a lock wait is named
+        # lock_not_available and leaves the statement time to run once it has the row.
+        "lock_timeout": timeout // 2,
+        # A transaction of ours never waits on Python for long: one left open by a frozen or dead
+        # worker must not hold its row locks.
+        "idle_in_transaction_session_timeout": 6 * timeout,
+    }
+
+
 def _connect_args(settings: Settings) -> dict[str, Any]:
     args: dict[str, Any] = {
         "connect_timeout": 5,
@@ -87,16 +103,34 @@ def _connect_args(settings: Settings) -> dict[str, Any]:
     if not settings.db_prepare_statements:
         args["prepare_threshold"] = None
     if settings.db_session_options:
-        # RDS Proxy refuses startup options ("doesn't support command-line options"): behind one,
-        # the same SET goes in the proxy's InitQuery (README).
-        timeout = round(settings.db_statement_timeout_seconds * 1000)
-        args["options"] = (
-            f"-c statement_timeout={timeout} -c lock_timeout={timeout}"
-            # A transaction of ours never waits on Python for long: one left open by a frozen or
-            # dead worker must not hold its row locks.
-            f" -c idle_in_transaction_session_timeout={6 * timeout}"
-        )
+        # Set once per connection, for its whole life: no statement of any transaction is sent.
+        args["options"] = " ".join(f"-c {name}={value}" for name, value in server_timeouts(settings).items())
     return args
+
+
+def _timeouts_per_transaction(engine: Engine, settings: Settings) -> None:
+    """Each transaction sets the timeouts for itself, where startup options cannot set them for the
+    session: RDS Proxy refuses a connection that sends any ("Feature not supported: RDS Proxy
+    currently doesn't support command-line options"; psycopg/psycopg2#1577).
+
+    SET LOCAL ends with its transaction, so nothing of it is left on the database connection the
+    proxy lends to another client next. AWS pins a client for a change of *session* state (a SET,
+    "Avoiding pinning an RDS Proxy", RDS and Aurora User Guides); a transaction is never
+    multiplexed anyway, and AWS's PostgreSQL pinning notes (aws/agent-toolkit-for-aws,
+    rds-oss/references/proxy-pinning-postgresql.md) say SET LOCAL pins only for the transaction.
+
+    SQLAlchemy 2 runs every statement in a transaction (a read through `connect()` autobegins one)
+    and fires `begin` before the first: run on that connection, the SETs are the transaction's
+    first statement (SET LOCAL outside a transaction would only warn). The three go as one
+    simple-protocol query, never prepared: one round trip a transaction more (three statements
+    would be three, and psycopg would prepare them after five runs). psycopg sends its BEGIN as
+    a query of its own; folding the SETs into it would mean driving libpq underneath psycopg.
+    """
+    statement = "; ".join(f"SET LOCAL {name} = {value}" for name, value in server_timeouts(settings).items())
+
+    @event.listens_for(engine, "begin")
+    def set_timeouts(connection: Connection) -> None:
+        connection.exec_driver_sql(statement)
 
 
 def create_database_engine(settings: Settings, read_secret: Callable[[str], str] | None = None) -> Engine:
@@ -121,6 +155,8 @@ def create_database_engine(settings: Settings, read_secret: Callable[[str], str]
         pool_recycle=240,
         connect_args=_connect_args(settings),
     )
+    if not settings.db_session_options:
+        _timeouts_per_transaction(engine, settings)
     if secret is not None:
         _connect_with(engine, secret, settings)
     return engine
