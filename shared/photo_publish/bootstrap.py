@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from photo_publish.jobs.sweep import Sweeper
     from photo_publish.outbox.relay import Relay
     from photo_publish.publish.delivery import ConcurrentBatchProcessor, Delivery
+    from photo_publish.serving import SigningKey
 
 # boto3 reads AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS /
 # AWS_ENDPOINT_URL_EVENTBRIDGE itself (LocalStack, MinIO, a local server), so nothing here knows
@@ -126,6 +127,21 @@ def secrets_client() -> SecretsManagerClient:
 
 
 @_Once
+def cdn_signing_key() -> SigningKey:
+    """Private albums' key (photo_publish.serving): its private half read from Secrets Manager once
+    per container, never written anywhere else."""
+    from photo_publish.serving import SigningKey
+
+    config = settings()
+    if not (config.cdn_key_pair_id and config.cdn_private_key_secret_arn):
+        raise InvalidSettings(
+            "CDN_KEY_PAIR_ID and CDN_PRIVATE_KEY_SECRET_ARN are required to sign private albums' cookies"
+        )
+    pem = secrets_client().get_secret_value(SecretId=config.cdn_private_key_secret_arn)["SecretString"]
+    return SigningKey.from_pem(config.cdn_key_pair_id, pem)
+
+
+@_Once
 def engine() -> Engine:
     def read_secret(arn: str) -> str:
         return secrets_client().get_secret_value(SecretId=arn)["SecretString"]
@@ -201,6 +217,7 @@ def reset() -> None:
         events_client,
         handoff_events_client,
         secrets_client,
+        cdn_signing_key,
         engine,
         queue,
         delivery,

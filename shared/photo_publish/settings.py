@@ -86,6 +86,10 @@ class Settings:
     # served from (the CDN's URL: the status answer's URLs are built from it; empty, keys only).
     upload_expiry_seconds: int = field(default=600, metadata=_between(60, 3600))
     variant_base_url: str = field(default="", metadata=_pattern(r"(|https?://[^\s]+)"))
+    # Private albums (SPEC 17): the CloudFront public key's id (the stack's CdnKeyPairId output) and
+    # the Secrets Manager secret holding its private half (PEM) that signs an album's cookies.
+    cdn_key_pair_id: str = field(default="", metadata=_pattern(r"[A-Z0-9]*"))
+    cdn_private_key_secret_arn: str | None = None
     # A deleted photo's tombstone is kept this long: an event for it arriving later (the queue keeps
     # messages up to 14 days) is acknowledged, not retried until it pages.
     tombstone_retention_days: int = field(default=14, metadata=_between(1))

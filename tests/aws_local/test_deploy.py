@@ -47,11 +47,15 @@ ACCOUNT = "000000000000"  # LocalStack's
 SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:photo-db-AbCdEf"
 # The upload API off: API Gateway v2 (HTTP APIs) is in LocalStack's paid images only (its coverage
 # page: "supported by LocalStack only in the pro image"); the template's tests read those resources.
+# The CDN off for the same reason: LocalStack's free edition has no CloudFront; the distribution,
+# its policies and the bucket policy's statement are read from the template
+# (tests/integration/test_template_serving.py).
 PARAMETERS = {
     "Architecture": "x86_64",
     "DbSecretArn": SECRET,
     "DbHost": "photos.proxy.internal",
     "UploadApi": "false",
+    "Cdn": "false",
 }
 ARTIFACTS = "photo-publish-aws-local-artifacts"
 
