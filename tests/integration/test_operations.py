@@ -1,4 +1,4 @@
-"""Operations (SPEC 17): the dashboard shows only metrics that exist.
+"""Operations (SPEC 17): the dashboard shows only metrics that exist, and every alarm has its runbook.
 
 The template is read and evaluated as in test_template.py (its Stack); the metrics the code emits
 are read from the source (every `add_metric` call, its name resolved to the strings it can take),
@@ -8,8 +8,11 @@ rather than showing an empty graph to someone in the middle of an incident.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
+import re
+import shlex
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -17,9 +20,12 @@ from typing import Any
 
 import pytest
 
+from photo_publish import operator
 from photo_publish.errors import ErrorCode
 from photo_publish.publish.outcomes import Outcome
 from tests.integration.test_template import ROOT, Stack
+
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
 # --- what the code emits --------------------------------------------------------------------------
 
@@ -264,3 +270,76 @@ def test_the_dashboard_marks_the_alarms_thresholds_and_lists_every_alarm() -> No
     }
     assert lines["Queue age (oldest message)"] == [by_metric["ApproximateAgeOfOldestMessage"]]
     assert lines["Outbox age (oldest waiting event, s)"] == [by_metric["OutboxOldestUnpublishedSeconds"]]
+
+
+# --- runbooks -------------------------------------------------------------------------------------
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def runbook_sections() -> dict[str, str]:
+    """Each `### ` section of docs/runbooks.md by its anchor."""
+    text = RUNBOOKS.read_text()
+    parts = re.split(r"^### (.+)$", text, flags=re.MULTILINE)
+    return {slug(parts[i]): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def test_every_alarm_has_a_runbook_and_its_description_points_to_it() -> None:
+    sections = runbook_sections()
+    alarms = {
+        n: r["Properties"] for n, r in Stack().resources().items() if r["Type"] == "AWS::CloudWatch::Alarm"
+    }
+    assert len(alarms) >= 9
+    for logical_id, alarm in alarms.items():
+        anchor = slug(alarm["AlarmName"].replace(Stack().params["Stage"], "{stage}", 1))
+        assert anchor in sections, f"no runbook heading for {alarm['AlarmName']}"
+        section = sections[anchor]
+        assert logical_id in section, f"the runbook of {anchor} does not name {logical_id}"
+        for part in ("**Symptom**", "**Check**", "**Fix**"):
+            assert part in section, f"{anchor}: {part} missing"
+        assert f"docs/runbooks.md#{anchor}" in alarm["AlarmDescription"], logical_id
+        assert len(alarm["AlarmDescription"]) <= 1024
+
+
+def test_the_runbooks_say_how_to_reach_a_private_database_and_link_it() -> None:
+    sections = runbook_sections()
+    reach = sections["reach-a-private-database"]
+    assert "AWS-StartPortForwardingSessionToRemoteHost" in reach
+    for anchor, section in sections.items():
+        if "operator retry" in section or "operator redrive" in section:
+            assert anchor == "reach-a-private-database" or "(#reach-a-private-database)" in section, anchor
+
+
+class Parsed(Exception):  # carries the parsed arguments out of main()
+    pass
+
+
+def operator_commands() -> list[str]:
+    text = RUNBOOKS.read_text()
+    commands = re.findall(r"python -m photo_publish\.operator ([^\n`|#]+)", text)
+    return sorted({c.strip() for c in commands})
+
+
+@pytest.mark.parametrize("command", operator_commands())
+def test_every_operator_command_in_the_runbooks_is_one_the_operator_parses(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the runbook's command line, its placeholders filled in
+    argv = shlex.split(
+        command.replace("PHOTO_ID", "0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10").replace(
+            "ALBUM_ID", "5e0c7a1b-3d2f-4e6a-9b8c-7d6e5f4a3b21"
+        )
+    )
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_only(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
+        raise Parsed(original(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+
+    # WHEN the operator's own parser reads it THEN it parses (an unknown flag exits with 2)
+    with pytest.raises(Parsed):
+        operator.main(argv)
