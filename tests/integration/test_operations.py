@@ -1,4 +1,5 @@
-"""Operations (SPEC 17): the dashboard shows only metrics that exist, and every alarm has its runbook.
+"""Operations (SPEC 17): the dashboard shows only metrics that exist, every alarm has its runbook,
+and the cost table counts what the template creates.
 
 The template is read and evaluated as in test_template.py (its Stack); the metrics the code emits
 are read from the source (every `add_metric` call, its name resolved to the strings it can take),
@@ -16,6 +17,7 @@ import shlex
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from photo_publish.publish.outcomes import Outcome
 from tests.integration.test_template import ROOT, Stack
 
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
+COST = ROOT / "docs" / "cost.md"
 
 # --- what the code emits --------------------------------------------------------------------------
 
@@ -343,3 +346,42 @@ def test_every_operator_command_in_the_runbooks_is_one_the_operator_parses(
     # WHEN the operator's own parser reads it THEN it parses (an unknown flag exits with 2)
     with pytest.raises(Parsed):
         operator.main(argv)
+
+
+# --- the cost table -------------------------------------------------------------------------------
+
+
+def test_the_cost_table_counts_what_the_template_creates() -> None:
+    text = COST.read_text()
+    stack = Stack()
+    resources = stack.resources()
+    alarms = sum(r["Type"] == "AWS::CloudWatch::Alarm" for r in resources.values())
+    keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources.values())
+    dashboards = sum(r["Type"] == "AWS::CloudWatch::Dashboard" for r in resources.values())
+    assert f"{alarms} standard alarms" in text
+    assert f"{keys} customer managed key" in text
+    assert f"{dashboards} dashboard" in text
+    # the metrics the scheduled functions emit every run: billed every hour of the month
+    scheduled = sorted(e.name for e in emitted() if e.function in ("sweep", "relay"))
+    assert f"{len(scheduled)} custom metrics" in text, scheduled
+    with_endpoints = Stack(
+        CreateVpcEndpoints="true", SubnetIds="subnet-a,subnet-b", VpcId="vpc-1", RouteTableIds="rtb-1"
+    ).resources()
+    interface = sum(
+        r["Type"] == "AWS::EC2::VPCEndpoint" and r["Properties"]["VpcEndpointType"] == "Interface"
+        for r in with_endpoints.values()
+    )
+    assert f"{interface} interface endpoints" in text
+    for function in ("SweepFunction", "RelayFunction"):
+        events = stack.properties(function)["Events"]
+        assert [e["Properties"]["Schedule"] for e in events.values()] == ["rate(1 minute)"]
+        assert stack.properties(function)["MemorySize"] == 512
+    assert re.search(r"prices (read|checked)\s+on\s+\d{4}-\d{2}-\d{2}", text), (
+        "the table says when its prices are from"
+    )
+
+
+def test_the_readme_links_the_runbooks_and_the_cost() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/runbooks.md" in readme and "docs/cost.md" in readme
+    assert Path(RUNBOOKS).exists() and Path(COST).exists()
