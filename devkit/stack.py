@@ -46,13 +46,10 @@ class Subscriber:
 
 
 def migrate(database_url: str) -> None:
-    """Apply the migrations (what `make migrate` runs)."""
-    from alembic import command
-    from alembic.config import Config
+    """Apply the migrations (what `make migrate` runs), in DB_SCHEMA when one is set."""
+    from photo_publish import migrate as migrations
 
-    config = Config(str(ROOT / "alembic.ini"))
-    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
-    command.upgrade(config, "head")
+    migrations.upgrade(database_url, schema=os.environ.get("DB_SCHEMA") or None)
 
 
 @contextmanager

@@ -55,6 +55,9 @@ class Settings:
     db_secret_arn: str | None = None
     db_host: str | None = None
     db_name: str = "photos"
+    # The schema of the project's tables in a database it shares (the migrations create it); empty,
+    # the first schema of the search path that holds them.
+    db_schema: str = field(default="", metadata=_pattern("|[a-z_][a-z0-9_]{0,62}"))
     # RDS Proxy pins a session that uses server-side prepared statements: psycopg's automatic
     # preparation is turned off behind it.
     db_prepare_statements: bool = True

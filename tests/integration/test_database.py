@@ -8,14 +8,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from devkit import stack
+from photo_publish import migrate
 from photo_publish.adapters.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
+from photo_publish.migrate import VERSION_TABLE
 from photo_publish.outbox.contracts import Placeholder
 from photo_publish.publish.repository import (
     Claimed,
@@ -58,22 +59,25 @@ VARIANTS = [
 
 def test_migrations_are_at_head_and_a_second_run_is_a_no_op(db: Engine, database_url: str) -> None:
     # GIVEN the database the session migrated
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    head = migrate.head()
 
     # WHEN the migrations run again
     stack.migrate(database_url)
 
     # THEN it is still at head, with its rows untouched
     with db.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == head
-        assert connection.scalar(text("SELECT count(*) FROM alembic_version")) == 1
+        history = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        assert history.get_current_revision() == head
+        assert connection.scalar(text("SELECT count(*) FROM photo_publish_version")) == 1
 
 
 def test_the_models_match_the_migrated_schema(db: Engine) -> None:
     # GIVEN the typed models and the schema the migrations built
     with db.connect() as connection:
         # WHEN alembic compares them
-        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+        diff = compare_metadata(
+            MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}), Base.metadata
+        )
 
     # THEN there is nothing a migration would still have to do
     assert diff == []
@@ -399,12 +403,6 @@ def test_publishing_a_deleted_photo_is_skipped(db: Engine) -> None:
     )
 
     assert result.outcome == "skipped"
-
-
-def _alembic_config():  # type: ignore[no-untyped-def]
-    from alembic.config import Config
-
-    return Config(str(stack.ROOT / "alembic.ini"))
 
 
 # --- dead letters owed ------------------------------------------------------------------------

@@ -154,6 +154,9 @@ def create_database_engine(settings: Settings, read_secret: Callable[[str], str]
         # A frozen Lambda container wakes with connections the proxy or server may have closed.
         pool_recycle=240,
         connect_args=_connect_args(settings),
+        # Each statement names the project's schema when one is set: no search_path in the session,
+        # which RDS Proxy would pin.
+        execution_options={"schema_translate_map": {None: settings.db_schema}} if settings.db_schema else {},
     )
     if not settings.db_session_options:
         _timeouts_per_transaction(engine, settings)

@@ -1,0 +1,75 @@
+"""Alembic environment: the migrations against the URL it is given (or DATABASE_URL), in the
+project's schema, with its own version table, then the runtime role's grants (photo_publish.migrate)."""
+
+from __future__ import annotations
+
+import os
+
+from alembic import context
+from sqlalchemy import Connection, create_engine, text
+
+from photo_publish.adapters.database import sqlalchemy_url
+from photo_publish.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE, RuntimeRole
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or os.environ.get("DATABASE_URL")
+if not url:
+    raise SystemExit("DATABASE_URL is not set")
+schema: str | None = config.attributes.get("schema", os.environ.get("DB_SCHEMA") or None)
+runtime_role: RuntimeRole | None = config.attributes.get("runtime_role")
+
+# What the functions run, table by table: reads and the four kinds of row change, nothing else.
+RUNTIME_GRANTS = "SELECT, INSERT, UPDATE, DELETE"
+
+
+def take_over_legacy_history(connection: Connection) -> None:
+    """A deployment from before the project had a version table of its own kept its history in
+    Alembic's default one, which the app's own Alembic would read as its own: renamed to ours when
+    it holds one of our revisions (and ours does not exist yet)."""
+    ours = {script.revision for script in context.script.walk_revisions()}
+    found = connection.scalar(
+        text("SELECT to_regclass(:ours) IS NULL AND to_regclass(:legacy) IS NOT NULL"),
+        {"ours": VERSION_TABLE, "legacy": LEGACY_VERSION_TABLE},
+    )
+    if found and connection.scalar(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}")) in ours:
+        connection.exec_driver_sql(f"ALTER TABLE {LEGACY_VERSION_TABLE} RENAME TO {VERSION_TABLE}")
+
+
+def grant(connection: Connection, role: RuntimeRole) -> None:
+    """The runtime role's login and rights on the project's schema, again at every run (idempotent):
+    the tables of a new migration are granted by the same run that made them."""
+    exists = connection.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :name"), {"name": role.name})
+    if not exists:
+        connection.exec_driver_sql(f"CREATE ROLE {role.name} LOGIN")
+    if role.password is not None:
+        # A parameter cannot be bound in ALTER ROLE: the password is quoted as a literal.
+        password = connection.scalar(text("SELECT quote_literal(:password)"), {"password": role.password})
+        connection.exec_driver_sql(f"ALTER ROLE {role.name} LOGIN PASSWORD {password}")
+    target = connection.scalar(text("SELECT current_schema()"))
+    connection.exec_driver_sql(f"GRANT USAGE ON SCHEMA {target} TO {role.name}")
+    connection.exec_driver_sql(f"GRANT {RUNTIME_GRANTS} ON ALL TABLES IN SCHEMA {target} TO {role.name}")
+    # Not the version table: the functions never read the history.
+    connection.exec_driver_sql(f"REVOKE ALL ON {VERSION_TABLE} FROM {role.name}")
+
+
+# One connection, one transaction per migration run: PostgreSQL's DDL is transactional.
+engine = create_engine(sqlalchemy_url(url))
+with engine.begin() as connection:
+    # Two deployments migrating at once would race on the version table: one waits for the other.
+    connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7012943)")
+    if schema:
+        connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        # The migrations' own SQL names no schema: for this transaction, theirs comes first.
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+    else:
+        take_over_legacy_history(connection)
+    context.configure(
+        connection=connection,
+        transactional_ddl=True,
+        version_table=VERSION_TABLE,
+        version_table_schema=schema,
+    )
+    context.run_migrations()
+    if runtime_role is not None:
+        grant(connection, runtime_role)
+engine.dispose()
