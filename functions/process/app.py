@@ -34,6 +34,8 @@ def record_handler(record: dict[str, Any], lambda_context: LambdaContext) -> Non
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if not event.get("Records"):
         return {"batchItemFailures": []}
+    # The stage names the stack whose dashboard reads these (one account may hold several).
+    metrics.add_dimension(name="stage", value=bootstrap.settings().stage)
     try:
         # A recipe that differs from its version's recorded one fails the invocation, loudly.
         bootstrap.delivery(metrics).ensure_recipe()
