@@ -1,8 +1,9 @@
 """A stateful property test of the job state machine (SPEC 4.1, 5, 16 and 17) on a real PostgreSQL.
 
 Hypothesis interleaves deliveries, duplicates, upload events, transient and permanent failures,
-crashed workers, time passing (stale claims, backoffs running out), sweeps, operator retries and
-users' deletions (also one that lands while a render is putting its variants) over a few photos, and checks the invariants after every step. The repository, the service, the
+crashed workers, time passing (stale claims, backoffs running out), sweeps, operator retries, new
+recipes deployed and backfilled (`rerender --all`, `--stop`) and users' deletions (also one that
+lands while a render is putting its variants) over a few photos, and checks the invariants after every step. The repository, the service, the
 sweep and libvips are the real ones; in the first machine the object store and the queue are
 in-process recordings. The second drives every delivery through the real process handler: a real
 SQS message (moto's server) in a Lambda-shaped event, the real S3 store and queue behind it.
@@ -25,7 +26,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import Engine, func, select, text
 
 from devkit import handlers, samples, stack, uploads
@@ -36,9 +43,16 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVar
 from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
+from photo_publish.jobs import backfill
 from photo_publish.jobs.sweep import Sweeper
 from photo_publish.keys import Upload, parse_original_key, photo_prefixes
-from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.outbox.contracts import (
+    PHOTO_DELETED,
+    PHOTO_FAILED,
+    PHOTO_PUBLISHED,
+    PHOTO_VARIANTS_UPDATED,
+    PhotoFailedPayload,
+)
 from photo_publish.publish.outcomes import Outcome
 from photo_publish.publish.repository import PhotoRepository
 from photo_publish.publish.service import PhotoService
@@ -147,6 +161,7 @@ class JobStateMachine(RuleBasedStateMachine):
         # Each photo's uploads so far: an upload event announces the newest (or, late, an older one).
         self.uploads = [1] * PHOTOS
         self.deleted: set[uuid.UUID] = set()
+        self.version = 1  # the recipe version the deployed functions render
 
     # --- what the world does ------------------------------------------------------------
 
@@ -221,6 +236,27 @@ class JobStateMachine(RuleBasedStateMachine):
         for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
             self.queue.send_job(photo_id)
 
+    @precondition(lambda self: self.version < 3 and bool(self.ever_ready))
+    @rule()
+    def a_new_recipe_is_deployed_and_backfilled(self) -> None:
+        """The next recipe (a larger thumb) deployed once a photo is published, then the operator's
+        `rerender --all`: the sweep sends the marked photos while the queue is short, each
+        re-render publishing anew."""
+        self.version += 1
+        self._deploy(replace(self.settings, variant_version=self.version, thumb_size=300 + 20 * self.version))
+        backfill.mark(
+            self.engine, self.version, backfill.Selection(), lease_seconds=self.settings.stale_after_seconds
+        )
+
+    @rule()
+    def the_operator_stops_the_backfill(self) -> None:
+        backfill.stop(self.engine)
+
+    def _deploy(self, settings: Settings) -> None:
+        self.settings = settings
+        self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, settings)
+        self.sweeper = Sweeper(self.engine, self.queue, settings, store=self.store, batch_size=2)
+
     @rule(index=st.integers(0, PHOTOS - 1))
     def a_user_deletes_the_photo(self, index: int) -> None:
         """In whatever state it is: pending, its worker dead holding it, a retry due, failed with a
@@ -268,11 +304,20 @@ class JobStateMachine(RuleBasedStateMachine):
 
     @invariant()
     def at_most_one_event_and_one_version_bump_per_photo(self) -> None:
+        """One photo.published each, and a version bump for it and for each re-render's
+        photo.variants_updated, nothing else."""
         with self.engine.connect() as connection:
             events = dict(
                 connection.execute(
                     select(OutboxEvent.aggregate_id, func.count())
                     .where(OutboxEvent.event_type == PHOTO_PUBLISHED)
+                    .group_by(OutboxEvent.aggregate_id)
+                ).all()
+            )
+            rerendered = dict(
+                connection.execute(
+                    select(OutboxEvent.aggregate_id, func.count())
+                    .where(OutboxEvent.event_type == PHOTO_VARIANTS_UPDATED)
                     .group_by(OutboxEvent.aggregate_id)
                 ).all()
             )
@@ -282,7 +327,8 @@ class JobStateMachine(RuleBasedStateMachine):
         for photo in photos:
             published = events.get(photo.id, 0)
             assert published <= 1
-            assert photo.entity_version == 1 + published
+            assert photo.entity_version == 1 + published + rerendered.get(photo.id, 0)
+            assert not rerendered.get(photo.id) or published == 1, "a re-render of an unpublished photo"
             assert (
                 (photo.processing_state == "ready") == (published == 1) == (photo.visibility == "published")
             )
@@ -392,10 +438,9 @@ class RealHandlerMachine(JobStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        # The sweep's purges and retirements reach the bucket the handler writes.
-        self.sweeper = Sweeper(
-            self.engine, self.queue, self.settings, store=S3Store(self.s3, REAL_BUCKET), batch_size=2
-        )
+        # The first recipe, whatever an earlier example deployed; the sweep's purges and
+        # retirements reach the bucket the handler writes.
+        self._deploy(self.settings)
         for shot in self.photos:
             uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL)
         while messages := self.sqs.receive_message(
@@ -448,6 +493,18 @@ class RealHandlerMachine(JobStateMachine):
 
     def _object_store(self) -> Any:
         return S3Store(self.s3, REAL_BUCKET)
+
+    def _deploy(self, settings: Settings) -> None:
+        """The functions' environment at the new recipe, as a deploy sets it (new containers)."""
+        self.settings = settings
+        os.environ["VARIANT_VERSION"], os.environ["THUMB_SIZE"] = (
+            str(settings.variant_version),
+            str(settings.thumb_size),
+        )
+        bootstrap.reset()
+        self.sweeper = Sweeper(
+            self.engine, self.queue, settings, store=S3Store(self.s3, REAL_BUCKET), batch_size=2
+        )
 
     def _objects_of(self, photo_id: uuid.UUID, album_id: uuid.UUID) -> list[str]:
         keys = []
