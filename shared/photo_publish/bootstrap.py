@@ -141,11 +141,13 @@ def cdn_signing_key() -> SigningKey:
     return SigningKey.from_pem(config.cdn_key_pair_id, pem)
 
 
+def read_secret(arn: str) -> str:
+    """A Secrets Manager secret's string (the database's credentials)."""
+    return secrets_client().get_secret_value(SecretId=arn)["SecretString"]
+
+
 @_Once
 def engine() -> Engine:
-    def read_secret(arn: str) -> str:
-        return secrets_client().get_secret_value(SecretId=arn)["SecretString"]
-
     return create_database_engine(settings(), read_secret)
 
 

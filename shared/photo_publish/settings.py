@@ -71,6 +71,13 @@ class Settings:
     # bundle in DB_SSLROOTCERT checks the server, `require` only encrypts.
     db_sslmode: str = field(default="require", metadata=_pattern("require|verify-ca|verify-full"))
     db_sslrootcert: str | None = None
+    # The migrate function's alone (SPEC 17): the runtime role's secret (username and password, as
+    # Secrets Manager generates it), whose login the migrations create and grant. DB_SECRET_ARN is
+    # then the owner's; every other function's DB_SECRET_ARN is this runtime secret.
+    db_runtime_secret_arn: str | None = None
+    # The head revision the stack's migrations reached before this function was deployed (the
+    # Migrations custom resource's): its reference orders the function after the migrations.
+    db_schema_revision: str = ""
 
     photo_bucket: str = field(metadata=_min_length(3))
     stage: str = field(metadata=_pattern("[A-Za-z0-9_-]+"))

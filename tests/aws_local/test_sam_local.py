@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
 import pytest
-from sqlalchemy import Engine, func, insert, select, text
+from sqlalchemy import Engine, create_engine, func, insert, make_url, select, text
 from sqlalchemy.orm import Session
 
 from awslocal import sockets
 from devkit import samples
+from photo_publish import migrate
+from photo_publish.adapters.database import sqlalchemy_url
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from tests.aws_local.conftest import (
     EVENTS,
@@ -30,6 +33,7 @@ from tests.aws_local.conftest import (
     function_environment,
     sam_local_invoke,
 )
+from tests.cfn_responses import response_url
 
 pytestmark = pytest.mark.aws_local
 
@@ -275,3 +279,81 @@ def test_the_function_container_is_on_the_host_network_and_listens_on_loopback_o
     assert {container[:12] for container in listening.values()} <= {c[:12] for c in containers}
     assert len(listening) >= 2, sorted(map(str, listening))
     assert all(listener.loopback for listener in listening), sorted(map(str, listening))
+
+
+# --- the migrate function (SPEC 11, 17) -------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_database(database_url: str) -> Iterator[str]:
+    """A new, empty database on the test server (which the function container reaches on loopback)."""
+    server = make_url(database_url)
+    name = f"migrate_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+def custom_resource_event(kind: str, response_url: str, tmp_path: Path) -> Path:
+    event = {
+        "RequestType": kind,
+        "ServiceToken": "arn:aws:lambda:us-east-1:000000000000:function:photo-publish-dev-migrate",
+        "ResponseURL": response_url,
+        "StackId": "arn:aws:cloudformation:us-east-1:000000000000:stack/photo-publish-dev/1f2e",
+        "RequestId": str(uuid.uuid4()),
+        "LogicalResourceId": "Migrations",
+        "ResourceType": "Custom::Migrations",
+        "ResourceProperties": {"Head": migrate.head(), "Stage": STAGE},
+    }
+    path = tmp_path / f"custom-resource-{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps(event))
+    return path
+
+
+def test_the_migrate_function_migrates_a_fresh_database_to_head_when_invoked_directly(
+    fresh_database: str, environment: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN a fresh database and the function told to use a schema of its own
+    env = environment | {"DATABASE_URL": fresh_database, "DB_SCHEMA": "photo_publish"}
+    # WHEN the shipped direct event ({}) is invoked, as `aws lambda invoke` would
+    invocation = sam_local_invoke("MigrateFunction", EVENTS / "migrate-direct.json", env, tmp_path)
+    # THEN the schema is at head, in its schema, with alembic and mako from the function's own package
+    assert invocation.result == {"revision": migrate.head()}, invocation.output[-3000:]
+    engine = create_engine(sqlalchemy_url(fresh_database))
+    with engine.connect() as connection:
+        version = connection.scalar(text(f"SELECT version_num FROM photo_publish.{migrate.VERSION_TABLE}"))
+    engine.dispose()
+    assert version == migrate.head()
+
+
+def test_the_migrate_function_answers_cloudformation_success_and_failed_at_the_response_url(
+    fresh_database: str, environment: dict[str, str], tmp_path: Path
+) -> None:
+    with response_url() as answers:
+        # WHEN a Create comes for a database that answers, then for one that refuses (nothing on port 1)
+        env = environment | {"DATABASE_URL": fresh_database, "DB_SCHEMA": "photo_publish"}
+        sam_local_invoke(
+            "MigrateFunction", custom_resource_event("Create", answers.url("ok"), tmp_path), env, tmp_path
+        )
+        refused = environment | {"DATABASE_URL": "postgresql://owner:Sup3rS3cret@127.0.0.1:1/photos"}
+        failing = sam_local_invoke(
+            "MigrateFunction",
+            custom_resource_event("Create", answers.url("refused"), tmp_path),
+            refused,
+            tmp_path,
+        )
+        ok, failed = answers.wait(2)
+    # THEN each PUT its answer from inside the container: SUCCESS with the revision, FAILED at once
+    assert ok.path.startswith("/cfn/ok?") and ok.headers.get("Content-Type") == ""
+    assert ok.body["Status"] == "SUCCESS" and ok.body["Data"] == {"Revision": migrate.head()}
+    assert ok.body["PhysicalResourceId"] == f"photo-publish-migrations-{STAGE}"
+    assert failed.path.startswith("/cfn/refused?")
+    assert failed.body["Status"] == "FAILED" and "OperationalError" in failed.body["Reason"]
+    assert "Sup3rS3cret" not in json.dumps(failed.body)
+    assert failing.seconds < 60  # the container's start included; the connection fails in under 10 s

@@ -425,7 +425,10 @@ def test_the_environment_is_settings_fields_and_validates_as_settings(proxy: str
         required = {f.name.upper() for f in dataclasses.fields(Settings) if f.default is dataclasses.MISSING}
         assert required <= set(env)
         settings = Settings.from_env(env)
-        assert settings.db_secret_arn == REQUIRED["DbSecretArn"]
+        # the owner's secret is the migrate function's; the others log in as the runtime role
+        assert settings.db_secret_arn == (
+            REQUIRED["DbSecretArn"] if name == "MigrateFunction" else "<DbRuntimeSecret>"
+        )
         assert settings.db_host == REQUIRED["DbHost"]
         assert settings.db_prepare_statements is (proxy == "false")  # off behind RDS Proxy
         # RDS Proxy refuses startup options ("doesn't support command-line options"): each
@@ -457,7 +460,7 @@ def test_the_attempts_fit_within_the_redrives_receive_count(stack: Stack) -> Non
     assert jobs["MaxAttempts"] <= jobs["MaxReceiveCount"]
 
 
-@pytest.mark.parametrize("name", ["ProcessFunction", "SweepFunction", "RelayFunction"])
+@pytest.mark.parametrize("name", ["ProcessFunction", "SweepFunction", "RelayFunction", "MigrateFunction"])
 def test_each_handler_exists_and_exports_lambda_handler_on_python312(stack: Stack, name: str) -> None:
     function = stack.function(name)
     module, handler = function["Handler"].rsplit(".", 1)
@@ -629,7 +632,7 @@ class Definition:
 
 def _modules() -> dict[str, ast.Module]:
     modules = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
-    for function in ("process", "sweep", "relay", "upload"):
+    for function in ("process", "sweep", "relay", "upload", "migrate"):
         modules[f"{function}.app"] = ast.parse((ROOT / "functions" / function / "app.py").read_text())
     return modules
 
@@ -767,8 +770,10 @@ def role_grants(stack: Stack, role: str) -> set[tuple[str, str]]:
         "<ProcessQueue.Arn>": "ProcessQueue",
         "<DeadLetterQueue.Arn>": "DeadLetterQueue",
         "<EventBus.Arn>": "EventBus",
-        REQUIRED["DbSecretArn"]: "DbSecret",
+        REQUIRED["DbSecretArn"]: "OwnerSecret",
+        stack.function("ProcessFunction")["Environment"]["Variables"]["DB_SECRET_ARN"]: "RuntimeSecret",
         stack.params["DbSecretKmsKeyArn"]: "DbSecretKey",
+        "<StackKey.Arn>": "RuntimeSecretKey",
     }
     grants = set()
     (policy,) = [p for p in stack.properties(role)["Policies"] if p["PolicyName"] != "runtime"]
@@ -797,7 +802,13 @@ def test_the_operator_commands_are_not_what_the_functions_reach() -> None:
 )
 @pytest.mark.parametrize(
     ("function", "role"),
-    [("process", "ProcessRole"), ("sweep", "SweepRole"), ("relay", "RelayRole"), ("upload", "UploadRole")],
+    [
+        ("process", "ProcessRole"),
+        ("sweep", "SweepRole"),
+        ("relay", "RelayRole"),
+        ("upload", "UploadRole"),
+        ("migrate", "MigrateRole"),
+    ],
 )
 def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     function: str, role: str, key_arn: str
@@ -810,10 +821,18 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     # WHEN the role's statements are read
     grants = role_grants(stack, role)
 
-    # THEN they are those calls, what the calls imply, and (process) the SQS poller's: no more
+    # THEN they are those calls, what the calls imply, and (process) the SQS poller's: no more.
+    # A secret read is the runtime role's; the migrate function's are the owner's and the runtime's.
+    secrets = {"OwnerSecret", "RuntimeSecret"} if function == "migrate" else {"RuntimeSecret"}
+    calls = {c for c in calls if c[1] != "DbSecret"} | {
+        (a, secret) for a, what in calls if what == "DbSecret" for secret in secrets
+    }
     implied = {(i, "bucket") for a, _ in calls for i in IMPLIED.get(a, ()) if i.startswith("s3:")}
-    if key_arn:
-        implied |= {("kms:Decrypt", "DbSecretKey") for a, _ in calls if a == "secretsmanager:GetSecretValue"}
+    if any(a == "secretsmanager:GetSecretValue" for a, _ in calls):
+        # the generated runtime secret is under the stack's key; given secrets under DbSecretKmsKeyArn
+        implied |= {("kms:Decrypt", "RuntimeSecretKey")} | (
+            {("kms:Decrypt", "DbSecretKey")} if key_arn else set()
+        )
     poller = EVENT_SOURCE if function == "process" else set()
     assert grants == calls | implied | poller
     if function == "sweep":
@@ -831,11 +850,13 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
             "s3:DeleteObject",
             "s3:ListBucket",
             "secretsmanager:GetSecretValue",
-        } | ({"kms:Decrypt"} if key_arn else set())
+            "kms:Decrypt",
+        }
     if function == "relay":
-        assert {a for a, _ in grants} == {"events:PutEvents", "secretsmanager:GetSecretValue"} | (
-            {"kms:Decrypt"} if key_arn else set()
-        )
+        assert {a for a, _ in grants} == {"events:PutEvents", "secretsmanager:GetSecretValue", "kms:Decrypt"}
+    if function == "migrate":
+        # the two secrets and their keys: no bucket, no queue, no bus
+        assert {a for a, _ in grants} == {"secretsmanager:GetSecretValue", "kms:Decrypt"}
     if function == "process":
         assert ("events:PutEvents", "EventBus") in grants  # the hand-off after a commit
 
@@ -869,6 +890,7 @@ def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) 
         ("SweepRole", "SweepLogGroup"),
         ("RelayRole", "RelayLogGroup"),
         ("UploadRole", "UploadLogGroup"),
+        ("MigrateRole", "MigrateLogGroup"),
     ],
 )
 def test_each_role_writes_logs_to_its_own_log_group_only(role: str, group: str, subnets: str) -> None:

@@ -47,6 +47,16 @@ def url_from_secret(secret_string: str, settings: Settings) -> URL:
     )
 
 
+def configured_url(settings: Settings, read_secret: Callable[[str], str] | None = None) -> URL:
+    """The URL the configuration names: DATABASE_URL, or DB_SECRET_ARN's secret with DB_HOST (as the
+    engine's first connection uses them; the migrate function connects with this)."""
+    if settings.database_url:
+        return sqlalchemy_url(settings.database_url)
+    if read_secret is not None and settings.db_secret_arn:
+        return url_from_secret(read_secret(settings.db_secret_arn), settings)
+    raise ValueError("no database configured")
+
+
 class RotatingSecret:
     """The database's credentials from Secrets Manager, read again when a connection fails.
 

@@ -17,6 +17,7 @@ if not url:
     raise SystemExit("DATABASE_URL is not set")
 schema: str | None = config.attributes.get("schema", os.environ.get("DB_SCHEMA") or None)
 runtime_role: RuntimeRole | None = config.attributes.get("runtime_role")
+lock_timeout_seconds: float | None = config.attributes.get("lock_timeout_seconds")
 
 # What the functions run, table by table: reads and the four kinds of row change, nothing else.
 RUNTIME_GRANTS = "SELECT, INSERT, UPDATE, DELETE"
@@ -33,6 +34,23 @@ def take_over_legacy_history(connection: Connection) -> None:
     )
     if found and connection.scalar(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}")) in ours:
         connection.exec_driver_sql(f"ALTER TABLE {LEGACY_VERSION_TABLE} RENAME TO {VERSION_TABLE}")
+
+
+def refuse_a_second_copy(connection: Connection, target: str) -> None:
+    """A deployment from before DB_SCHEMA has its tables and history in the search path's schema:
+    migrating a new, empty copy into `target` would hide its data from the functions. Refused, with
+    what to do, when `target` holds no history of ours and the search path does."""
+    if connection.scalar(text("SELECT to_regclass(:table)"), {"table": f"{target}.{VERSION_TABLE}"}):
+        return
+    ours = {script.revision for script in context.script.walk_revisions()}
+    for table in (VERSION_TABLE, LEGACY_VERSION_TABLE):
+        found = connection.scalar(text("SELECT to_regclass(:table)::text"), {"table": table})
+        if found and connection.scalar(text(f"SELECT version_num FROM {found}")) in ours:
+            raise RuntimeError(
+                f"the project's tables are already in {found.rpartition('.')[0] or 'the search path'} "
+                f"({found}), not in schema {target}: set DB_SCHEMA (DbSchema) to that schema, or to "
+                "empty for the search path's, to keep using them; migrating would start an empty copy"
+            )
 
 
 def grant(connection: Connection, role: RuntimeRole) -> None:
@@ -57,7 +75,11 @@ engine = create_engine(sqlalchemy_url(url))
 with engine.begin() as connection:
     # Two deployments migrating at once would race on the version table: one waits for the other.
     connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7012943)")
+    if lock_timeout_seconds is not None:
+        # After the advisory lock: a second run waits for the first whatever it takes.
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = {round(lock_timeout_seconds * 1000)}")
     if schema:
+        refuse_a_second_copy(connection, schema)
         connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         # The migrations' own SQL names no schema: for this transaction, theirs comes first.
         connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
