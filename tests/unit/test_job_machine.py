@@ -26,7 +26,10 @@ RAW_WRITE = re.compile(r"\b(UPDATE|INSERT\s+INTO|DELETE\s+FROM)\s+photo_jobs\b",
 
 
 def _sources() -> list[Path]:
-    return [*PACKAGE.rglob("*.py"), *(ROOT / "functions").glob("*/app.py")]
+    # Not the migrations: they change the schema (and normalise old rows) before any function runs.
+    migrations = PACKAGE / "migrations"
+    code = [path for path in PACKAGE.rglob("*.py") if migrations not in path.parents]
+    return [*code, *(ROOT / "functions").glob("*/app.py")]
 
 
 def _table_of(node: ast.expr) -> str | None:
