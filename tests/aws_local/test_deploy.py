@@ -149,6 +149,10 @@ _READERS: dict[str, Callable[[str], dict[str, str]]] = {
     "AWS::Events::Rule": lambda rule: {"Arn": client("events").describe_rule(Name=rule)["Arn"]},
     "AWS::Events::EventBus": _bus,
     "AWS::Logs::LogGroup": _log_group,
+    "AWS::CloudWatch::Alarm": lambda alarm: {
+        "Arn": client("cloudwatch").describe_alarms(AlarmNames=[alarm])["MetricAlarms"][0]["AlarmArn"]
+    },
+    "AWS::SecretsManager::Secret": lambda arn: {"Id": arn},
 }
 
 

@@ -28,6 +28,7 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVar
 from tests.aws_local.conftest import (
     EVENTS,
     LOCAL_ENV,
+    ROOT,
     Invocation,
     client,
     function_environment,
@@ -107,6 +108,10 @@ def assert_published_in(
         assert head["ContentType"] == "image/webp"
         assert head["ContentLength"] == variant.bytes > 0
         assert variant.storage_key.startswith(f"{stage}/albums/{photo.album_id}/variants/{photo_id}/")
+
+
+# What env/local.json gives the migrate function alone: no runtime role's secret, locally.
+MIGRATE = json.loads((ROOT / "env" / "local.json").read_text())["MigrateFunction"]
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +325,7 @@ def test_the_migrate_function_migrates_a_fresh_database_to_head_when_invoked_dir
     fresh_database: str, environment: dict[str, str], tmp_path: Path
 ) -> None:
     # GIVEN a fresh database and the function told to use a schema of its own
-    env = environment | {"DATABASE_URL": fresh_database, "DB_SCHEMA": "photo_publish"}
+    env = environment | MIGRATE | {"DATABASE_URL": fresh_database, "DB_SCHEMA": "photo_publish"}
     # WHEN the shipped direct event ({}) is invoked, as `aws lambda invoke` would
     invocation = sam_local_invoke("MigrateFunction", EVENTS / "migrate-direct.json", env, tmp_path)
     # THEN the schema is at head, in its schema, with alembic and mako from the function's own package
@@ -337,11 +342,13 @@ def test_the_migrate_function_answers_cloudformation_success_and_failed_at_the_r
 ) -> None:
     with response_url() as answers:
         # WHEN a Create comes for a database that answers, then for one that refuses (nothing on port 1)
-        env = environment | {"DATABASE_URL": fresh_database, "DB_SCHEMA": "photo_publish"}
+        env = environment | MIGRATE | {"DATABASE_URL": fresh_database, "DB_SCHEMA": "photo_publish"}
         sam_local_invoke(
             "MigrateFunction", custom_resource_event("Create", answers.url("ok"), tmp_path), env, tmp_path
         )
-        refused = environment | {"DATABASE_URL": "postgresql://owner:Sup3rS3cret@127.0.0.1:1/photos"}
+        refused = (
+            environment | MIGRATE | {"DATABASE_URL": "postgresql://owner:Sup3rS3cret@127.0.0.1:1/photos"}
+        )
         failing = sam_local_invoke(
             "MigrateFunction",
             custom_resource_event("Create", answers.url("refused"), tmp_path),
