@@ -21,9 +21,11 @@ def migrations() -> dict[str, str]:
     try:
         revision = migrate.upgrade_as_configured(bootstrap.settings(), bootstrap.read_secret)
     except Exception as error:
-        # Never the exception's own text: a database error carries its statement (migrate.describe).
-        logger.error("migrations failed", error_type=type(error).__name__, reason=migrate.describe(error))
-        raise
+        # Never the exception's own text: a database error carries its statement (migrate.describe),
+        # and Lambda reports a raised error's text as the invocation's errorMessage, and logs it.
+        reason = migrate.describe(error)
+        logger.error("migrations failed", error_type=type(error).__name__, reason=reason)
+        raise migrate.MigrationFailed(f"{type(error).__name__}: {reason}") from None
     logger.info("migrations applied", revision=revision)
     return {"Revision": revision}
 

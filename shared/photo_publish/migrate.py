@@ -29,6 +29,9 @@ VERSION_TABLE = "photo_publish_version"
 # Where the history was kept before it had a table of its own: taken over when it holds ours.
 LEGACY_VERSION_TABLE = "alembic_version"
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# A login's name, always double-quoted in SQL: a stack's (photo_publish_{Stage}_runtime) may hold
+# capitals and hyphens.
+ROLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$")
 # The migrate function's bounds: a database that does not answer fails in seconds, and a migration
 # waiting for a lock (a table a running function holds) gives up rather than queue every other
 # statement on that table behind it for as long as the function runs.
@@ -44,8 +47,8 @@ class RuntimeRole:
     password: str | None = None
 
     def __post_init__(self) -> None:
-        if not IDENTIFIER.match(self.name):
-            raise ValueError(f"a role name is lower-case letters, digits and _: {self.name!r}")
+        if not ROLE_NAME.match(self.name):
+            raise ValueError(f"a role name is letters, digits, _ and -: {self.name!r}")
 
 
 def config(
@@ -118,6 +121,10 @@ def upgrade_as_configured(settings: Settings, read_secret: Callable[[str], str])
         runtime_role=role,
         lock_timeout_seconds=LOCK_TIMEOUT_SECONDS,
     )
+
+
+class MigrationFailed(RuntimeError):
+    """A migration run that failed, said as `describe` says it (nothing of its statements)."""
 
 
 def describe(error: BaseException) -> str:

@@ -68,6 +68,7 @@ def shared(database_url: str) -> Iterator[Shared]:
     app = create_engine(owner)
     with app.begin() as connection:
         connection.exec_driver_sql("CREATE TABLE photos (id serial PRIMARY KEY, caption text)")
+        connection.exec_driver_sql("CREATE TABLE photos_app (id serial PRIMARY KEY, owner_email text)")
         connection.exec_driver_sql("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
         connection.exec_driver_sql("INSERT INTO alembic_version VALUES ('app_0042')")
     app.dispose()
@@ -164,7 +165,6 @@ def test_a_deployment_from_before_takes_its_history_over_from_alembics_default_t
 ) -> None:
     # GIVEN a database migrated when the history lived in `alembic_version` (and no app's did)
     fresh = shared.owner_url
-    _scalar(fresh, "SELECT 1")
     engine = create_engine(sqlalchemy_url(fresh))
     with engine.begin() as connection:
         connection.exec_driver_sql("DROP TABLE photos, alembic_version")
@@ -191,3 +191,45 @@ def test_a_deployment_from_before_takes_its_history_over_from_alembics_default_t
         )
         == 1
     )
+
+
+def test_the_runtime_role_gets_only_the_projects_tables_when_they_share_public(shared: Shared) -> None:
+    """With no DB_SCHEMA (an existing deployment in `public`), the app's own tables there stay the
+    app's: the grants name the project's tables, never all of a schema's."""
+    owner = create_engine(sqlalchemy_url(shared.owner_url))
+    with owner.begin() as connection:  # (in `public`, the app's table may not be named as one of ours)
+        connection.exec_driver_sql("DROP TABLE photos")
+    owner.dispose()
+    migrate.upgrade(shared.owner_url, runtime_role=shared.role)
+    runtime = create_engine(sqlalchemy_url(shared.runtime_url))
+    with runtime.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM photo_jobs")) == 0
+    for statement in ("SELECT * FROM public.photos_app", "UPDATE alembic_version SET version_num = 'x'"):
+        with runtime.connect() as connection, pytest.raises(ProgrammingError) as refused:
+            connection.exec_driver_sql(statement)
+        assert isinstance(refused.value.orig, InsufficientPrivilege), statement
+    runtime.dispose()
+
+
+def test_the_runtime_roles_password_never_travels_in_a_statement(shared: Shared) -> None:
+    """Its SCRAM verifier is made on the client: a failed ALTER ROLE (logged with its statement, by
+    the server and in the error) shows no password."""
+    migrate.upgrade(shared.owner_url, schema=SCHEMA, runtime_role=shared.role)
+    stored = _scalar(
+        shared.owner_url, "SELECT rolpassword FROM pg_authid WHERE rolname = :n", n=shared.role.name
+    )
+    assert stored.startswith("SCRAM-SHA-256$") and shared.role.password not in stored
+
+    # WHEN another session holds the role (its own ALTER ROLE, uncommitted) and the run times out
+    holder = create_engine(sqlalchemy_url(shared.owner_url))
+    with holder.connect() as connection:
+        connection.exec_driver_sql(f'ALTER ROLE "{shared.role.name}" CONNECTION LIMIT 10')
+        with pytest.raises(Exception) as failed:
+            migrate.upgrade(
+                shared.owner_url, schema=SCHEMA, runtime_role=shared.role, lock_timeout_seconds=0.5
+            )
+        connection.rollback()
+    holder.dispose()
+
+    # THEN the error names the statement, never the password
+    assert "ALTER ROLE" in str(failed.value) and shared.role.password not in str(failed.value)

@@ -68,7 +68,9 @@ def test_the_generated_runtime_secret_is_a_role_login_under_the_stacks_key() -> 
     secret = Stack().properties("DbRuntimeSecret")
     generated = secret["GenerateSecretString"]
     username = json.loads(generated["SecretStringTemplate"])["username"]
-    assert RuntimeRole(username).name == "photo_publish_runtime"  # a valid role name
+    # One login per stage (roles are the server's), a valid role name whatever the stage
+    assert RuntimeRole(username).name == f"photo_publish_{Stack().params['Stage']}_runtime"
+    assert RuntimeRole("photo_publish_Prod-2_runtime")
     assert generated["GenerateStringKey"] == "password"
     assert generated["ExcludePunctuation"] is True and int(generated["PasswordLength"]) >= 32
     assert secret["KmsKeyId"] == "<StackKey>"

@@ -9,6 +9,7 @@ from alembic import context
 from sqlalchemy import Connection, create_engine, text
 
 from photo_publish.adapters.database import sqlalchemy_url
+from photo_publish.adapters.tables import metadata
 from photo_publish.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE, RuntimeRole
 
 config = context.config
@@ -54,20 +55,28 @@ def refuse_a_second_copy(connection: Connection, target: str) -> None:
 
 
 def grant(connection: Connection, role: RuntimeRole) -> None:
-    """The runtime role's login and rights on the project's schema, again at every run (idempotent):
-    the tables of a new migration are granted by the same run that made them."""
-    exists = connection.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :name"), {"name": role.name})
-    if not exists:
-        connection.exec_driver_sql(f"CREATE ROLE {role.name} LOGIN")
+    """The runtime role's login and rights on the project's tables, again at every run (idempotent):
+    the tables of a new migration are granted by the same run that made them. By name, never all of
+    a schema's: with no DB_SCHEMA the project shares `public` with the app's own tables."""
+    name = f'"{role.name}"'
+    # Roles are the server's, not the database's: another database's first deploy may create it at
+    # the same moment (the advisory lock is this database's), and then it exists.
+    connection.exec_driver_sql(
+        f"DO $$ BEGIN CREATE ROLE {name} LOGIN;"
+        " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+    )
     if role.password is not None:
-        # A parameter cannot be bound in ALTER ROLE: the password is quoted as a literal.
-        password = connection.scalar(text("SELECT quote_literal(:password)"), {"password": role.password})
-        connection.exec_driver_sql(f"ALTER ROLE {role.name} LOGIN PASSWORD {password}")
+        # Its SCRAM verifier, made by libpq on this side: the password itself never travels in a
+        # statement, which an error would log (here and in the server's log).
+        pgconn = connection.connection.driver_connection.pgconn  # type: ignore[union-attr]
+        verifier = pgconn.encrypt_password(role.password.encode(), role.name.encode(), b"scram-sha-256")
+        connection.exec_driver_sql(f"ALTER ROLE {name} LOGIN PASSWORD '{verifier.decode()}'")
     target = connection.scalar(text("SELECT current_schema()"))
-    connection.exec_driver_sql(f"GRANT USAGE ON SCHEMA {target} TO {role.name}")
-    connection.exec_driver_sql(f"GRANT {RUNTIME_GRANTS} ON ALL TABLES IN SCHEMA {target} TO {role.name}")
+    connection.exec_driver_sql(f"GRANT USAGE ON SCHEMA {target} TO {name}")
+    for table in sorted(metadata.tables):
+        connection.exec_driver_sql(f"GRANT {RUNTIME_GRANTS} ON {table} TO {name}")
     # Not the version table: the functions never read the history.
-    connection.exec_driver_sql(f"REVOKE ALL ON {VERSION_TABLE} FROM {role.name}")
+    connection.exec_driver_sql(f"REVOKE ALL ON {VERSION_TABLE} FROM {name}")
 
 
 # One connection, one transaction per migration run: PostgreSQL's DDL is transactional.
