@@ -60,13 +60,16 @@ def fresh(database_url: str, infra: Infra, monkeypatch: pytest.MonkeyPatch) -> I
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.exec_driver_sql(f"CREATE DATABASE {name}")
+        # The server's socket, whichever way the tests reach it: a login built from a secret takes
+        # TLS over TCP (DB_SSLMODE), which a local server does not offer.
+        sockets = connection.exec_driver_sql("SHOW unix_socket_directories").scalar() or ""
     owner = _secret({"username": server.username, "password": server.password or "", "dbname": name})
     runtime = _secret({"username": role, "password": "Gen3ratedWithoutPunctuation"})
     monkeypatch.delenv("DATABASE_URL", raising=False)
     infra.configure(
         database_url=None,
         db_secret_arn=owner,
-        db_host=server.query.get("host", server.host),
+        db_host=server.query.get("host") or sockets.split(",")[0].strip(),
         db_runtime_secret_arn=runtime,
         db_schema=SCHEMA,
     )
