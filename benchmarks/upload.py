@@ -54,7 +54,6 @@ REGISTRATIONS = int(os.environ.get("BENCH_REGISTRATIONS", "200"))
 POLL_EVERY = 0.05
 TARGET_P99_MS = 50.0
 TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
-ROUTES = {route.key: route for route in gallery.template_routes()}
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -64,16 +63,8 @@ def percentile(values: list[float], share: float) -> float:
 
 def http_api(method: str, path: str, route: str, body: Any = None, **parameters: str) -> dict[str, Any]:
     """The request as API Gateway's HTTP API hands it to the function (the gallery's stand-in)."""
-    data = b"" if body is None else json.dumps(body).encode()
-    return gallery.http_api_event(
-        ROUTES[f"{method} {route}"],
-        parameters,
-        method=method,
-        path=path,
-        query="",
-        headers={"content-type": "application/json"},
-        body=data,
-        source_ip="127.0.0.1",
+    return gallery.json_request(
+        method, route, path, parameters, b"" if body is None else json.dumps(body).encode()
     )
 
 

@@ -123,3 +123,10 @@ def infra(
     infra.configure()
     yield infra
     bootstrap.reset()
+
+
+@pytest.fixture
+def fast(infra: Infra) -> Infra:
+    """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
+    infra.configure(retry_base_seconds=1)
+    return infra

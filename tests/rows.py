@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, create_engine, func, select, text
 
 from photo_publish.adapters.models import Photo, PhotoJob
 
@@ -52,3 +53,15 @@ def in_state(**values: object) -> dict[str, object]:
     if status != "pending":
         shape |= {"next_retry_at": None, "enqueued_at": None}
     return shape | values
+
+
+def scalar_at(url: str, sql: str, **parameters: Any) -> Any:
+    """One value from the database at `url` (another than the tests' own), on a connection of its own."""
+    from photo_publish.adapters.database import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        with engine.connect() as connection:
+            return connection.scalar(text(sql), parameters)
+    finally:
+        engine.dispose()

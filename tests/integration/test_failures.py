@@ -77,13 +77,6 @@ def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg") -> uploads.Uplo
     )
 
 
-@pytest.fixture
-def fast(infra: Infra) -> Infra:
-    """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
-    infra.configure(retry_base_seconds=1)
-    return infra
-
-
 # --- one transient failure at each step, then the retry publishes ------------------------------
 
 

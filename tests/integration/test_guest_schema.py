@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import requests
@@ -24,6 +23,7 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.migrate import RuntimeRole
 from tests.conftest import BUCKET, Infra
 from tests.polling import poll_until
+from tests.rows import scalar_at
 
 SCHEMA = "photo_publish_guest"
 TABLES = {
@@ -42,15 +42,6 @@ class Shared:
     owner_url: str  # the owner's login: what the migrate function holds
     runtime_url: str  # the runtime role's: what the other functions hold
     role: RuntimeRole
-
-
-def _scalar(url: str, sql: str, **parameters: Any) -> Any:
-    engine = create_engine(sqlalchemy_url(url))
-    try:
-        with engine.connect() as connection:
-            return connection.scalar(text(sql), parameters)
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture
@@ -91,19 +82,19 @@ def test_the_migrations_keep_to_their_schema_and_their_history(shared: Shared) -
         assert migrate.upgrade(shared.owner_url, schema=SCHEMA, runtime_role=shared.role) == migrate.head()
 
     # THEN its tables are in its schema, its history in its own table there
-    tables = _scalar(
+    tables = scalar_at(
         shared.owner_url,
         "SELECT array_agg(table_name::text) FROM information_schema.tables WHERE table_schema = :s",
         s=SCHEMA,
     )
     assert set(tables) == TABLES | {migrate.VERSION_TABLE}
     assert (
-        _scalar(shared.owner_url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}")
+        scalar_at(shared.owner_url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}")
         == migrate.head()
     )
     # AND the app's table and history are as the app left them
-    assert _scalar(shared.owner_url, "SELECT version_num FROM public.alembic_version") == "app_0042"
-    columns = _scalar(
+    assert scalar_at(shared.owner_url, "SELECT version_num FROM public.alembic_version") == "app_0042"
+    columns = scalar_at(
         shared.owner_url,
         "SELECT array_agg(column_name::text ORDER BY ordinal_position) FROM information_schema.columns"
         " WHERE table_schema = 'public' AND table_name = 'photos'",
@@ -181,10 +172,10 @@ def test_a_deployment_from_before_takes_its_history_over_from_alembics_default_t
     migrate.upgrade(fresh)
 
     # THEN they carried on from its revision, in a table of their own
-    assert _scalar(fresh, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == migrate.head()
-    assert _scalar(fresh, "SELECT to_regclass('alembic_version') IS NULL") is True
+    assert scalar_at(fresh, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == migrate.head()
+    assert scalar_at(fresh, "SELECT to_regclass('alembic_version') IS NULL") is True
     assert (
-        _scalar(
+        scalar_at(
             fresh,
             "SELECT count(*) FROM information_schema.columns"
             " WHERE table_schema = 'public' AND table_name = 'photos' AND column_name = 'owner'",
@@ -215,7 +206,7 @@ def test_the_runtime_roles_password_never_travels_in_a_statement(shared: Shared)
     """Its SCRAM verifier is made on the client: a failed ALTER ROLE (logged with its statement, by
     the server and in the error) shows no password."""
     migrate.upgrade(shared.owner_url, schema=SCHEMA, runtime_role=shared.role)
-    stored = _scalar(
+    stored = scalar_at(
         shared.owner_url, "SELECT rolpassword FROM pg_authid WHERE rolname = :n", n=shared.role.name
     )
     assert stored.startswith("SCRAM-SHA-256$") and shared.role.password not in stored

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,36 +27,26 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.keys import photo_prefixes
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
+from tests.integration.test_backfill import sweep
+from tests.integration.test_failures import dead_letters
 from tests.polling import poll_until
 from tests.rows import job, published
 
 # --- deletion ----------------------------------------------------------------------------------
 
 
-def dead_letters(infra: Infra) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    while batch := infra.sqs.receive_message(
-        QueueUrl=infra.queues.dead_letter_url,
-        MaxNumberOfMessages=10,
-        VisibilityTimeout=30,
-        MessageAttributeNames=["All"],
-    ).get("Messages", []):
-        messages.extend(batch)
-    for m in messages:
-        infra.sqs.change_message_visibility(
-            QueueUrl=infra.queues.dead_letter_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
-        )
-    return messages
-
-
-@pytest.fixture
-def fast(infra: Infra) -> Infra:
-    infra.configure(retry_base_seconds=1)
-    return infra
-
-
-def sweep() -> dict[str, Any]:
-    return handlers.load("sweep").lambda_handler({"source": "aws.events"}, LambdaContext(timeout_seconds=60))
+def failed_for_good(fast: Infra, db: Engine) -> dev_uploads.Upload:
+    """A photograph whose every read of its original fails: three attempts, then failed for good."""
+    shot = dev_uploads.upload(
+        db,
+        fast.s3,
+        BUCKET,
+        STAGE,
+        file_name="LadyBird.jpg",
+        data=(samples.IMAGES / "LadyBird.jpg").read_bytes(),
+    )
+    poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+    return shot
 
 
 def test_a_deleted_photos_dead_letter_is_removed_by_the_redrive(fast: Infra, db: Engine) -> None:
@@ -66,15 +55,7 @@ def test_a_deleted_photos_dead_letter_is_removed_by_the_redrive(fast: Infra, db:
     broken tile); its letter stays in the DLQ (alarm > 0) and the operator's redrive refuses to
     remove it, calling it 'an upload the API never registered'."""
     with aws_fails(bootstrap.s3_client(), "GetObject"):
-        shot = dev_uploads.upload(
-            db,
-            fast.s3,
-            BUCKET,
-            STAGE,
-            file_name="LadyBird.jpg",
-            data=(samples.IMAGES / "LadyBird.jpg").read_bytes(),
-        )
-        poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+        shot = failed_for_good(fast, db)
     assert len(dead_letters(fast)) == 1
 
     # WHEN the user deletes the failed photo
@@ -102,15 +83,7 @@ def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_redr
     """The race the brief names: a final failure whose letter is owed (the DLQ refused it once), the
     sweep leases it, the user deletes the photo, the sweep sends it: a page for a deleted photo."""
     with aws_fails(bootstrap.s3_client(), "GetObject"), aws_fails(bootstrap.sqs_client(), "SendMessage"):
-        shot = dev_uploads.upload(
-            db,
-            fast.s3,
-            BUCKET,
-            STAGE,
-            file_name="LadyBird.jpg",
-            data=(samples.IMAGES / "LadyBird.jpg").read_bytes(),
-        )
-        poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+        shot = failed_for_good(fast, db)
     with db.connect() as c:
         owed = c.execute(
             text("select dead_letter_owed_at from photo_jobs where photo_id=:p"), {"p": shot.photo_id}
@@ -185,9 +158,6 @@ def _variant_version(db: Engine, photo_id: UUID) -> int | None:
 
 
 upload = handlers.load("upload")
-ROUTES = {route.key: route for route in gallery.template_routes()}
-# A route the API does not have: the stand-in's router would answer it; the function must too.
-ROUTES["PUT /photos/{photoId}"] = gallery.Route("PUT /photos/{photoId}", "PUT", re.compile("^/photos/[^/]+$"))
 
 
 def event(
@@ -195,16 +165,7 @@ def event(
 ) -> dict[str, Any]:
     """The request as API Gateway's HTTP API hands it over (payload 2.0, the gallery's stand-in)."""
     data = b"" if body is None else (base64.b64decode(body) if b64 else body.encode())
-    answer = gallery.http_api_event(
-        ROUTES[f"{method} {route}"],
-        params,
-        method=method,
-        path=path,
-        query="",
-        headers={"content-type": "application/json"},
-        body=data,
-        source_ip="127.0.0.1",
-    )
+    answer = gallery.json_request(method, route, path, params, data)
     if body == "":
         answer["body"] = ""
     return answer

@@ -14,7 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import create_engine, make_url
 
 from devkit import handlers
 from devkit.poller import LambdaContext
@@ -22,6 +22,7 @@ from photo_publish import migrate
 from photo_publish.adapters.database import sqlalchemy_url
 from tests.cfn_responses import ResponseUrl, response_url
 from tests.conftest import STAGE, Infra
+from tests.rows import scalar_at
 
 SCHEMA = "photo_publish"
 
@@ -33,15 +34,6 @@ class Database:
     runtime_role: str
     owner_secret: str
     runtime_secret: str
-
-
-def _scalar(url: str, sql: str, **parameters: Any) -> Any:
-    engine = create_engine(sqlalchemy_url(url))
-    try:
-        with engine.connect() as connection:
-            return connection.scalar(text(sql), parameters)
-    finally:
-        engine.dispose()
 
 
 def _secret(value: dict[str, Any]) -> str:
@@ -123,16 +115,16 @@ def test_a_direct_invocation_migrates_a_fresh_database_to_head_and_again_changes
 
     # THEN the schema is at head, in DB_SCHEMA, with one history row
     assert first == second == {"revision": migrate.head()}
-    assert _scalar(fresh.url, f"SELECT array_agg(version_num) FROM {SCHEMA}.{migrate.VERSION_TABLE}") == [
+    assert scalar_at(fresh.url, f"SELECT array_agg(version_num) FROM {SCHEMA}.{migrate.VERSION_TABLE}") == [
         migrate.head()
     ]
-    assert _scalar(fresh.url, "SELECT to_regclass('public.photos') IS NULL") is True
+    assert scalar_at(fresh.url, "SELECT to_regclass('public.photos') IS NULL") is True
     # AND the runtime role of its secret logs in with that secret's password and has only row rights
-    assert _scalar(fresh.url, "SELECT rolcanlogin FROM pg_roles WHERE rolname = :r", r=fresh.runtime_role)
-    assert _scalar(
+    assert scalar_at(fresh.url, "SELECT rolcanlogin FROM pg_roles WHERE rolname = :r", r=fresh.runtime_role)
+    assert scalar_at(
         fresh.url, "SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = :r", r=fresh.runtime_role
     )
-    privileges = _scalar(
+    privileges = scalar_at(
         fresh.url,
         "SELECT array_agg(DISTINCT privilege_type::text) FROM information_schema.role_table_grants"
         " WHERE grantee = :r AND table_schema = :s",
@@ -165,7 +157,7 @@ def test_a_create_request_answers_success_with_the_revision_at_the_response_url(
         == f"photo-publish-migrations-{STAGE}"
     )
     assert create.body["LogicalResourceId"] == "Migrations"
-    assert _scalar(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == migrate.head()
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == migrate.head()
 
 
 def test_a_database_that_refuses_is_answered_failed_within_seconds(
@@ -205,7 +197,7 @@ def test_delete_answers_success_and_touches_nothing(
     # THEN SUCCESS, and the data is all there
     (put,) = answers.wait()
     assert put.body["Status"] == "SUCCESS"
-    assert _scalar(fresh.url, f"SELECT to_regclass('{SCHEMA}.photos') IS NOT NULL") is True
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.photos') IS NOT NULL") is True
 
 
 def test_migrations_that_wait_past_the_functions_time_are_answered_failed_before_its_timeout(
@@ -239,4 +231,4 @@ def test_a_deployment_from_before_db_schema_is_not_forked_into_an_empty_schema(
     (put,) = answers.wait()
     assert put.body["Status"] == "FAILED"
     assert "DB_SCHEMA" in put.body["Reason"] and "empty copy" in put.body["Reason"]
-    assert _scalar(fresh.url, "SELECT to_regnamespace(:s) IS NULL", s=SCHEMA) is True
+    assert scalar_at(fresh.url, "SELECT to_regnamespace(:s) IS NULL", s=SCHEMA) is True
