@@ -410,6 +410,61 @@ def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
     assert dead_letters(infra) == []
 
 
+def test_a_handed_on_message_whose_acknowledgement_is_lost_is_not_dead_lettered(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN the template's redrive (dead-lettered at the sixth receive), a visibility of 2 s, and a
+    # database that refuses connections: every receive fails before a claim, spending no attempt
+    from devkit import stack
+
+    queues = stack.create_queues(
+        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-ack", max_receive_count=5, visibility_timeout=2
+    )
+    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    stack.drop_test_events(infra.sqs, queues.url)
+    infra.queues = queues
+    database_url = db.url.render_as_string(hide_password=False)
+    infra.configure(
+        retry_base_seconds=0,
+        process_queue_url=queues.url,
+        dead_letter_queue_url=queues.dead_letter_url,
+        database_url="postgresql://postgres@127.0.0.1:9/none",
+    )
+    shot = upload(infra, db)
+
+    # WHEN the run that hands the notification on to a fresh message answers, but its
+    # acknowledgement is lost (the event source's delete failed, or the container died after
+    # answering): the notification comes back after its visibility
+    lost: list[int] = []
+
+    def ack_lost_once(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        response: dict[str, Any] = process.lambda_handler(event, context)
+        failed = {item["itemIdentifier"] for item in response["batchItemFailures"]}
+        for record in event["Records"]:
+            if record["messageId"] not in failed and not lost:
+                lost.append(int(record["attributes"]["ApproximateReceiveCount"]))
+                failed.add(record["messageId"])
+        return {"batchItemFailures": [{"itemIdentifier": m} for m in sorted(failed)]}
+
+    poller = Poller(infra.sqs, queues.url, queues.arn, ack_lost_once, wait_seconds=1)
+    deadline = time.monotonic() + 60
+    while not lost:
+        assert time.monotonic() < deadline, "no run answered the notification"
+        poller.poll_once()
+    # (until a later run's answer is kept, or long enough for the notification's redrive)
+    deadline = time.monotonic() + 8
+    while poller.received - poller.failed < 1 and time.monotonic() < deadline:
+        poller.poll_once()
+    # ... and the database comes back
+    infra.configure(database_url=database_url)
+    poll_until(infra, published(db, shot.photo_id))
+
+    # THEN the redrive kept nothing: a lost acknowledgement is not a run that never finished
+    assert lost and lost[0] < 5, f"handed on at receive {lost}: no receive was left for a lost ack"
+    assert dead_letters(infra) == []
+    assert job(db, shot.photo_id)[:2] == ("done", 1)
+
+
 # --- permanent failures and late uploads ---------------------------------------------------
 
 

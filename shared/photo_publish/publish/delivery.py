@@ -114,11 +114,15 @@ class Delivery:
         if not retries:
             return results
         delay = max(r.retry_in or 0 for r in retries)
-        if receive_count >= self._settings.max_receive_count:
-            # The redrive would dead-letter this message on its next receive although the job has
-            # attempts left: acknowledge it and let a fresh copy carry it on. The body itself, not a
-            # job message: an upload's record is what proves it (its key, sequencer and eTag), and
-            # only that reopens a failed job; records in it that did succeed arrive as duplicates.
+        if receive_count >= self._settings.max_receive_count - 1:
+            # The redrive would soon dead-letter this message although the job has attempts left:
+            # acknowledge it and let a fresh copy carry it on. One receive early, so that one lost
+            # acknowledgement (the event source's delete failed, or the container died after
+            # answering) still leaves a receive to hand it on from: the soak saw a healthy photo's
+            # notification dead-lettered when the hand-off came on the last one. The body itself,
+            # not a job message: an upload's record is what proves it (its key, sequencer and
+            # eTag), and only that reopens a failed job; records in it that did succeed arrive as
+            # duplicates.
             self._queue.send(body, delay)
             return results
         self._queue.retry_later(receipt_handle, delay)
