@@ -15,7 +15,8 @@ The product's code is untouched; the stages are seen by wrapping its real adapte
 
 As Lambda does, the worker is also killed when an invocation outlives its timeout
 (`lambda_timeout`) or its resident memory passes the function's memory size (`out_of_memory`).
-Every kill, and every variant put (to explain variants left by a killed attempt), is one JSON line
+Every kill, every variant put (to explain variants left by a killed attempt) and every batch with
+how the handler answered it (to tell a message the redrive took from runs that never ended) is one JSON line
 on standard output, in the same log as the function's own lines.
 
 `python -m devkit.chaos worker --arm STAGE:N:DETAIL` and `python -m devkit.chaos sweep --every S`
@@ -229,12 +230,25 @@ def lambda_like(handler: Handler, chaos: Chaos) -> Handler:
     """The invocation as Lambda times it; the `before_delete` kill after it answered."""
 
     def invoke(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        records = event.get("Records", [])
+        # Each receive of each message, and how its run ended (answered, or not at all: killed), so
+        # that the checker can tell a message the redrive took from runs that never finished.
+        emit(
+            chaos="batch",
+            messages=[[r["messageId"], int(r["attributes"]["ApproximateReceiveCount"])] for r in records],
+        )
         chaos.invocation_started = time.monotonic()
         try:
             result = handler(event, context)
+        except Exception:
+            emit(chaos="answered", failed=[r["messageId"] for r in records])
+            raise
         finally:
             chaos.invocation_started = None
             chaos.in_flight.clear()
+        emit(
+            chaos="answered", failed=[item["itemIdentifier"] for item in result.get("batchItemFailures", [])]
+        )
         if chaos.arrive("before_delete"):
             chaos.kill("before_delete", records=len(event.get("Records", [])))
         return result

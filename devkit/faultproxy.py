@@ -511,10 +511,41 @@ class TcpDelayProxy:
         except OSError:
             pass
         finally:
-            # Either side gone: both directions end.
+            # Either side gone: both directions end, and each pipe closes the end it read from (a
+            # long run reconnects hundreds of times: never closed, their descriptors would pile up).
             for end in (source, target):
                 with suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
+            source.close()
+
+
+class TcpGate(TcpDelayProxy):
+    """A TCP relay that can be shut for a while: a database outage for the processes behind it (their
+    connections cut, new ones refused) that outlasts their retries, on any server, the machine's own
+    PostgreSQL included (which the harness cannot stop)."""
+
+    def __init__(self, upstream: tuple[str, int] | str, port: int = 0) -> None:
+        super().__init__(upstream, 0.0, port)
+        self._shut_until = 0.0  # time.monotonic()
+        self._ends: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def shut(self, seconds: float) -> None:
+        with self._lock:
+            self._shut_until = time.monotonic() + seconds
+            ends, self._ends = self._ends, []
+        for end in ends:
+            # The pipes see their server gone and close the client's side too.
+            with suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def _connect(self) -> socket.socket:
+        if time.monotonic() < self._shut_until:
+            raise OSError("the gate is shut")
+        end = super()._connect()
+        with self._lock:
+            self._ends = [e for e in self._ends if e.fileno() != -1] + [end]
+        return end
 
 
 @dataclass(frozen=True)
@@ -532,6 +563,12 @@ def database_upstream(url: str) -> str:
     host = host if isinstance(host, str) else host[0]
     port = parsed.port or 5432
     return f"unix://{host}/.s.PGSQL.{port}" if host.startswith("/") else f"tcp://{host}:{port}"
+
+
+def tcp_address(upstream: str) -> tuple[str, int] | str:
+    """A tcp://HOST:PORT or unix://PATH upstream as a TCP relay connects to it."""
+    parts = urlsplit(upstream)
+    return parts.path if parts.scheme == "unix" else (parts.hostname or "", parts.port or 5432)
 
 
 def database_through(url: str, proxy: str) -> str:
@@ -586,10 +623,7 @@ def main() -> None:
     if upstream.scheme in ("tcp", "unix"):
         if latency is None:
             parser.error(f"a {upstream.scheme}:// upstream needs --latency")
-        address = (
-            upstream.path if upstream.scheme == "unix" else (upstream.hostname or "", upstream.port or 5432)
-        )
-        relay = TcpDelayProxy(address, latency.tcp_seconds, args.port)
+        relay = TcpDelayProxy(tcp_address(args.upstream), latency.tcp_seconds, args.port)
         print(f"tcp://127.0.0.1:{relay.port}", flush=True)
         try:
             relay.serve_forever()

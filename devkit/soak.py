@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -48,19 +49,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
+from botocore.exceptions import ClientError
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from devkit import chaos, samples, soakcheck, stack, uploads
-from devkit.faultproxy import ProxyControl
+from devkit.faultproxy import ProxyControl, TcpGate, database_through, database_upstream, tcp_address
+from photo_publish import operator
 from photo_publish import uploads as photo_uploads
 from photo_publish.adapters.database import sqlalchemy_url
+from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
+from photo_publish.errors import ErrorCode
+from photo_publish.jobs import backfill
 from photo_publish.keys import original_key
 from photo_publish.settings import Settings
 
 ROOT = stack.ROOT
 STAGE = "dev"
+# The process queue's redrive policy, as the template's MaxReceiveCount.
+REDRIVE_RECEIVES = 5
 T = TypeVar("T")
 
 
@@ -93,8 +101,19 @@ class Config:
     duplicate_every: float = 0.4
     # A user's deletion, of a photo in any state (its render may be running), every this many seconds.
     delete_every: float = 5.0
-    drain_seconds: float = 240.0
+    drain_seconds: float = 360.0
     restart_postgres: bool = True
+    # Database outages for the functions (their connections cut, new ones refused), each long enough
+    # to outlast a notification's receives up to its hand-on to a fresh message; meanwhile fixed
+    # files are uploaded for photos that failed for good (issue 21, finding 1).
+    database_outages: int = 2
+    database_outage_seconds: float = 12.0
+    fixed_uploads_per_outage: int = 3
+    # The operator: `redrive` (or `retry` of a few failed photos) about every this many seconds.
+    operator_every: float = 25.0
+    # A new recipe deployed to the fleet a quarter into the uploads and backfilled (`rerender
+    # --all`), the backfill stopped and resumed, and run again until it marks nothing.
+    backfill: bool = True
     # False: no kills, faults, duplicates or cursed originals (a baseline for the figures).
     chaos: bool = True
     output: Path = ROOT / ".local" / "soak"
@@ -428,6 +447,15 @@ class Fleet:
                     self.plan.append(life.arm.stage)
                 self.start(role, slot)
 
+    def redeploy(self, changes: dict[str, str]) -> None:
+        """A new version of the functions, as Lambda replaces containers: each process finishes its
+        batch and stops (SIGTERM), and tend() starts its successor with the new environment."""
+        with self.lock:
+            self.env = self.env | changes
+            for life in self.current.values():
+                if life.process.poll() is None:
+                    life.process.terminate()
+
     def disarm(self) -> None:
         with self.lock:
             self.armed = False
@@ -542,6 +570,8 @@ class Tally:
     malformed: list[str] = field(default_factory=list)
     database: Counter[str] = field(default_factory=Counter)
     deletions: Counter[str] = field(default_factory=Counter)
+    operator: Counter[str] = field(default_factory=Counter)
+    backfill: Counter[str] = field(default_factory=Counter)
 
 
 def _event_time(at: float) -> str:
@@ -583,6 +613,14 @@ def notification(bucket: str, planned: Planned) -> str:
     )
 
 
+# The backfill's recipe (a larger thumb under VARIANT_VERSION 2), deployed once a share of the
+# photos is published on the first (whatever the machine's pace), then its steps, seconds after the
+# deployment: marked once the old containers are gone, stopped, resumed.
+RECIPE_VERSION = 2
+RECIPE_THUMB = 420
+BACKFILL_AFTER_PUBLISHED = 0.15
+BACKFILL_STEPS = [(6.0, "rerender --all"), (14.0, "stop"), (24.0, "rerender --all")]
+
 # Bodies no producer of ours sends: acknowledged and counted, never retried or dead-lettered
 # (SPEC 6). The nested one is issue 11 item 6's RecursionError.
 MALFORMED = {
@@ -591,6 +629,108 @@ MALFORMED = {
     "not_a_uuid": json.dumps({"photoId": "not-a-uuid"}),
     "number_id": json.dumps({"photoId": 42}),
 }
+
+
+class _Recording:
+    """The operator's SQS client, noting each dead letter a redrive removes (the checker judges every
+    letter that ever paged, not only those left at the end). What the redrive only looked at is made
+    visible again when it is done (it would stay hidden for the redrive's own 300 s, past the
+    checker's reading)."""
+
+    def __init__(self, sqs: Any, dead_letter_url: str) -> None:
+        self._sqs = sqs
+        self._url = dead_letter_url
+        self._seen: dict[str, dict[str, Any]] = {}
+        self.removed: list[dict[str, Any]] = []
+
+    def receive_message(self, **request: Any) -> Any:
+        letters = request.get("QueueUrl") == self._url
+        if letters:
+            request["AttributeNames"] = ["All"]  # its SentTimestamp, for the checker
+        response = self._sqs.receive_message(**request)
+        if letters:
+            self._seen |= {m["ReceiptHandle"]: m for m in response.get("Messages", [])}
+        return response
+
+    def delete_message(self, **request: Any) -> Any:
+        response = self._sqs.delete_message(**request)
+        if request.get("QueueUrl") == self._url:
+            self.removed.append(self._seen.pop(request["ReceiptHandle"]) | {"removedAt": time.time()})
+        return response
+
+    def release(self) -> None:
+        for handle in self._seen:
+            with contextlib.suppress(ClientError):
+                self._sqs.change_message_visibility(
+                    QueueUrl=self._url, ReceiptHandle=handle, VisibilityTimeout=0
+                )
+        self._seen.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sqs, name)
+
+
+class Operator:
+    """A person at the operator's commands (photo_publish.operator), from a laptop: straight to the
+    queue and the database, around the fault proxy and the database gate. An attempt that meets the
+    harness's own faults (a terminated session) is counted and tried at the next turn."""
+
+    def __init__(self, engine: Any, sqs: Any, settings: Settings, tally: Tally) -> None:
+        self.engine = engine
+        self.sqs = sqs
+        self.settings = settings
+        self.tally = tally
+        self.removed: list[dict[str, Any]] = []
+
+    def redrive(self, planned: dict[str, Planned]) -> None:
+        client = _Recording(self.sqs, self.settings.dead_letter_queue_url)
+        try:
+            summary = operator.redrive(self.engine, client, self.settings)
+        except (DBAPIError, ClientError) as error:
+            self.tally.operator[f"redrive failed: {type(error).__name__}"] += 1
+            return
+        finally:
+            client.release()
+            self.removed += client.removed
+        self.tally.operator["redrives"] += 1
+        self.tally.operator["photos redriven"] += len(summary.photos)
+        self.tally.operator["letters removed"] += summary.messages_removed
+        for photo_id in summary.photos:
+            if shot := planned.get(str(photo_id)):
+                shot.did("operator: redrive took its failure back and sent a job message")
+
+    def retry(self, planned: dict[str, Planned], rng: random.Random) -> None:
+        """`retry PHOTO_ID ...` for a few failed photos, as a person picks them from a report."""
+        try:
+            with self.engine.connect() as connection:
+                failed = list(
+                    connection.scalars(
+                        text("SELECT id FROM photos WHERE processing_state = 'processing_failed'")
+                    )
+                )
+            chosen = rng.sample(sorted(failed), min(3, len(failed)))
+            queue = SqsQueue(self.sqs, self.settings.process_queue_url, self.settings.dead_letter_queue_url)
+            sent = operator.retry(self.engine, queue, chosen, lease_seconds=self.settings.stale_after_seconds)
+        except (DBAPIError, ClientError) as error:
+            self.tally.operator[f"retry failed: {type(error).__name__}"] += 1
+            return
+        self.tally.operator["retries"] += 1
+        self.tally.operator["photos retried"] += len(sent)
+        for photo_id in sent:
+            if shot := planned.get(str(photo_id)):
+                shot.did("operator: retry took its failure back and sent a job message")
+
+    def rerender(self, version: int) -> None:
+        """`rerender --all`, run again where the database refused it (marking is idempotent)."""
+        lease = self.settings.stale_after_seconds
+        marked = retrying(
+            lambda: backfill.mark(self.engine, version, backfill.Selection(), lease_seconds=lease)
+        )
+        self.tally.backfill["rerender --all"] += 1
+        self.tally.backfill["marked"] += marked
+
+    def stop_rerender(self) -> None:
+        self.tally.backfill["stopped (marks cleared)"] += retrying(lambda: backfill.stop(self.engine))
 
 
 @dataclass(frozen=True)
@@ -604,6 +744,8 @@ class Parts:
     queues: stack.Queues
     settings: Settings
     fleet: Fleet
+    gate: TcpGate
+    operator: Operator
 
 
 class Run:
@@ -661,24 +803,49 @@ class Run:
         stack.migrate(url)
         s3, sqs = stack.clients()
         queues = stack.create_queues(
-            sqs, f"{self.bucket}-process", max_receive_count=5, visibility_timeout=self.config.visibility
+            sqs,
+            f"{self.bucket}-process",
+            max_receive_count=REDRIVE_RECEIVES,
+            visibility_timeout=self.config.visibility,
         )
         stack.create_bucket(s3, self.bucket, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
         stack.drop_test_events(sqs, queues.url)
-        settings = self.settings(url, queues)
+        # The functions reach the database through a gate the harness can shut (an outage); the
+        # harness itself, the upload API and the operator go around it.
+        gate = TcpGate(tcp_address(database_upstream(url)))
+        threading.Thread(target=gate.serve_forever, daemon=True).start()
+        exits.callback(gate.close)
+        settings = self.settings(database_through(url, f"tcp://127.0.0.1:{gate.port}"), queues)
         fleet = Fleet(self.config, self.worker_env(settings, proxy.url), queues.arn, self.dir, self.rng)
         exits.callback(fleet.stop)
         fleet.start_all()
-        return Parts(database, proxy, s3, sqs, queues, settings, fleet)
+        return Parts(
+            database,
+            proxy,
+            s3,
+            sqs,
+            queues,
+            settings,
+            fleet,
+            gate,
+            Operator(database.engine, sqs, settings, self.tally),
+        )
 
     def agitate_and_drain(self, photos: list[Planned], parts: Parts) -> bool:
         """Uploads under chaos until most photos settled; then quiet, and drain. True if drained."""
         sampler = threading.Thread(target=self.sample, args=(parts.database,), daemon=True)
         sampler.start()
         chaos_started = time.monotonic()
-        agitator = threading.Thread(target=self.agitate, args=(photos, parts), daemon=True)
+        # Each with its own dice, drawn here in one order: a replay gives each the same.
+        agitators = [
+            threading.Thread(
+                target=act, args=(photos, parts, random.Random(self.rng.getrandbits(64))), daemon=True
+            )
+            for act in (self.agitate, self.people)
+        ]
         if self.config.chaos:
-            agitator.start()
+            for agitator in agitators:
+                agitator.start()
         else:
             parts.proxy.call("quiet")
         self.upload(photos, parts)
@@ -686,8 +853,9 @@ class Run:
         # The chaos goes on while the backlog is worked through, not only while uploads come.
         self.wait_processed(len(photos), parts)
         self.stop_chaos.set()
-        if agitator.is_alive():
-            agitator.join()
+        for agitator in agitators:
+            if agitator.is_alive():
+                agitator.join()
         self.finish_deletions(photos, parts)
         self.times["chaos"] = time.monotonic() - chaos_started
 
@@ -728,6 +896,9 @@ class Run:
             settled=settled,
             max_attempts=parts.settings.max_attempts,
             malformed=MALFORMED,
+            removed_letters=parts.operator.removed,
+            recipe_version=RECIPE_VERSION if self.config.backfill else None,
+            redrive_receives=REDRIVE_RECEIVES,
         )
 
     def settings(self, url: str, queues: stack.Queues) -> Settings:
@@ -745,6 +916,8 @@ class Run:
             # The record's and the commit's share of a short function timeout.
             record_budget_seconds=config.function_timeout * 0.4,
             commit_budget_seconds=config.function_timeout * 0.125,
+            # A backfill run's messages spread over the sweep's (shortened) period.
+            backfill_spread_seconds=math.ceil(config.sweep_every),
         )
 
     def worker_env(self, settings: Settings, proxy_url: str) -> dict[str, str]:
@@ -813,17 +986,15 @@ class Run:
         planned.uploaded_at = planned.uploaded_at or time.time()
         planned.did("original uploaded")
 
-    def agitate(self, photos: list[Planned], parts: Parts) -> None:
-        """Database faults, outages, duplicates and malformed messages, at seeded moments."""
+    def agitate(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
+        """Database faults, S3 and SQS outages, duplicates and malformed messages, at seeded moments."""
         database, proxy, sqs, queues = parts.database, parts.proxy, parts.sqs, parts.queues
-        rng = random.Random(self.rng.getrandbits(64))
         expected = len(photos) / self.config.upload_rate
         now = time.monotonic()
         due = {
             "terminate": now + rng.uniform(2, 6),
             "outage": now + rng.uniform(4, 10),
             "duplicate": now + rng.uniform(0, self.config.duplicate_every),
-            "delete": now + rng.uniform(0, self.config.delete_every),
             "target": now,
             # Early: a malformed message that is retried instead of acknowledged takes five
             # visibility timeouts to reach the dead-letter queue.
@@ -866,9 +1037,6 @@ class Run:
             if now >= due["duplicate"] and uploaded:
                 self.duplicate(rng.choice(uploaded), rng, sqs, queues)
                 due["duplicate"] = now + rng.uniform(0.5, 1.5) * self.config.duplicate_every
-            if now >= due["delete"]:
-                self.delete(photos, parts, rng)
-                due["delete"] = now + rng.uniform(0.5, 1.5) * self.config.delete_every
             if now >= due["malformed"] and malformed:
                 name = malformed.pop()
                 sqs.send_message(QueueUrl=queues.url, MessageBody=MALFORMED[name])
@@ -877,6 +1045,91 @@ class Run:
             if now >= due["target"]:
                 self.target_last_attempts(photos, parts, rng)
                 due["target"] = now + 0.5
+
+    def people(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
+        """What people do meanwhile, at seeded moments: users delete photos and upload fixed files
+        during database outages, the operator runs redrive and retry, and deploys a new recipe and
+        backfills it (stopped and resumed)."""
+        expected = len(photos) / self.config.upload_rate
+        now = time.monotonic()
+        outages = sorted(now + expected * rng.uniform(0.2, 0.8) for _ in range(self.config.database_outages))
+        due = {
+            "delete": now + rng.uniform(0, self.config.delete_every),
+            "database_outage": outages.pop(0) if outages else float("inf"),
+            "operator": now + rng.uniform(0.5, 1.5) * self.config.operator_every,
+            "published": now,
+        }
+        deploy_after = BACKFILL_AFTER_PUBLISHED * len(photos) if self.config.backfill else float("inf")
+        steps: list[tuple[float, str]] = []
+        by_id = {str(p.photo_id): p for p in photos}
+        while not self.stop_chaos.wait(0.05):
+            now = time.monotonic()
+            if now >= due["delete"]:
+                self.delete(photos, parts, rng)
+                due["delete"] = now + rng.uniform(0.5, 1.5) * self.config.delete_every
+            if now >= due["database_outage"]:
+                self.database_outage(photos, parts, rng)
+                due["database_outage"] = outages.pop(0) if outages else float("inf")
+            if now >= due["operator"]:
+                if rng.random() < 0.7:
+                    parts.operator.redrive(by_id)
+                else:
+                    parts.operator.retry(by_id, rng)
+                due["operator"] = now + rng.uniform(0.5, 1.5) * self.config.operator_every
+            if now >= due["published"]:
+                if retrying(lambda: soakcheck.progress(parts.database.engine))["ready"] >= deploy_after:
+                    self.backfill_step("deploy", parts)
+                    steps, deploy_after = (
+                        [(now + delay, step) for delay, step in BACKFILL_STEPS],
+                        float("inf"),
+                    )
+                due["published"] = now + 1 if deploy_after < float("inf") else float("inf")
+            while steps and now >= steps[0][0]:
+                self.backfill_step(steps.pop(0)[1], parts)
+
+    def database_outage(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
+        """The functions lose the database for longer than a notification's receives last; fixed files
+        are uploaded meanwhile for photos that failed for good, whose notifications meet the outage
+        through every receive: only what the hand-on to a fresh message carries can reopen them."""
+        seconds = self.config.database_outage_seconds
+        parts.gate.shut(seconds)
+        self.tally.database["outages"] += 1
+        self.say(f"database: the functions' connections cut and refused for {seconds:.0f}s")
+        codes = [code.value for code in ErrorCode if code.permanent]
+        candidates = {
+            str(p.photo_id): p for p in photos if p.expected not in ("ready", "deleted") and p.deleted is None
+        }
+        with parts.database.engine.connect() as connection:
+            failed = sorted(
+                str(photo_id)
+                for photo_id in connection.scalars(
+                    text(
+                        "SELECT id FROM photos WHERE processing_state = 'processing_failed'"
+                        " AND error_code = ANY(:codes)"
+                    ),
+                    {"codes": codes},
+                )
+                if str(photo_id) in candidates
+            )
+        s3, _ = stack.clients()
+        for photo_id in rng.sample(failed, min(self.config.fixed_uploads_per_outage, len(failed))):
+            planned = candidates[photo_id]
+            planned.data, planned.expected = rng.choice(self.pool), "ready"
+            planned.put_at = time.time()
+            uploads.put_original(s3, self.bucket, planned.key, planned.data)
+            planned.did("a new picture: a fixed file for its failure, uploaded during a database outage")
+            self.tally.duplicates["fixed file during a database outage"] += 1
+
+    def backfill_step(self, step: str, parts: Parts) -> None:
+        """A new recipe deployed, then `rerender --all`, `rerender --stop` and `rerender --all` again."""
+        self.say(f"backfill: {step}")
+        if step == "deploy":
+            parts.fleet.redeploy({"VARIANT_VERSION": str(RECIPE_VERSION), "THUMB_SIZE": str(RECIPE_THUMB)})
+            self.tally.backfill["deployed"] += 1
+        elif step == "stop":
+            parts.operator.stop_rerender()
+        else:
+            parts.operator.rerender(RECIPE_VERSION)
 
     def delete(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
         """A user deletes a photo, in whatever state it is (a render may hold it, a retry may be
@@ -978,10 +1231,17 @@ class Run:
         """Until every photo settled, no job is active or pending and the queue is empty (bounded)."""
         database, sqs, queues, fleet = parts.database, parts.sqs, parts.queues, parts.fleet
         deadline = time.monotonic() + self.config.drain_seconds
-        last = ""
+        version = RECIPE_VERSION if self.config.backfill else None
+        last, next_backfill = "", time.monotonic()
         while time.monotonic() < deadline:
             fleet.tend()
-            state = retrying(lambda: soakcheck.progress(database.engine))
+            state = retrying(lambda: soakcheck.progress(database.engine, version))
+            if state.get("below_recipe") and time.monotonic() >= next_backfill:
+                # The operator runs the backfill again until nothing is left below the recipe (running
+                # it again renders nothing twice): photos the old containers published after a mark,
+                # re-renders that failed for good.
+                parts.operator.rerender(RECIPE_VERSION)
+                next_backfill = time.monotonic() + 10
             attributes = sqs.get_queue_attributes(
                 QueueUrl=queues.url,
                 AttributeNames=[
@@ -995,7 +1255,12 @@ class Run:
             if line != last:
                 self.say(line)
                 last = line
-            done = state["unsettled"] == 0 and state["open_jobs"] == 0 and state["unpurged"] == 0
+            done = (
+                state["unsettled"] == 0
+                and state["open_jobs"] == 0
+                and state["unpurged"] == 0
+                and not state.get("below_recipe")
+            )
             if done and in_queue == 0:
                 return True
             time.sleep(1)

@@ -11,7 +11,11 @@ Invariants (issue 12, from SPEC 4.1, 5 and 6), for every photo of the run:
 - variant objects of a photo that is not ready are counted and explained (an attempt stored them,
   then died or failed before its commit: the design writes before it commits);
 - the dead-letter queue holds nothing that pages for no final failure: no malformed message, no
-  letter for a photo that ended published unless a genuine re-upload reopened it;
+  letter for a photo that ended published unless a genuine re-upload or the operator's retry or
+  redrive took the failure back, or it paged for a re-render that failed for good (the photo stays
+  published); letters the operator's redrives removed are judged with those left at the end;
+- with a backfill in the run, every published photo ends on its recipe, one version bump for each
+  re-render;
 - a photo deleted in whatever state (its render running, a retry due, a letter owed) leaves no row,
   no object and no event after its `photo.deleted`.
 """
@@ -77,10 +81,25 @@ class Inputs:
     settled: bool
     max_attempts: int
     malformed: dict[str, str]
+    # Messages the operator's redrives removed from the dead-letter queue (each as received, with
+    # `removedAt`): they paged all the same, and are judged with those left at the end.
+    removed_letters: list[dict[str, Any]] = field(default_factory=list)
+    # The recipe a backfill moved every published photo to (None: no backfill in this run).
+    recipe_version: int | None = None
+    # The process queue's redrive policy: maxReceiveCount.
+    redrive_receives: int = 5
 
 
-def progress(engine: Engine) -> dict[str, int]:
+def progress(engine: Engine, recipe_version: int | None = None) -> dict[str, int]:
     with engine.connect() as connection:
+        below = 0
+        if recipe_version is not None:
+            below = connection.scalar(
+                select(func.count()).where(
+                    Photo.processing_state == "ready",
+                    func.coalesce(Photo.variant_version, 0) < recipe_version,
+                )
+            )
         states = dict(
             connection.execute(
                 select(Photo.processing_state, func.count()).group_by(Photo.processing_state)
@@ -98,6 +117,8 @@ def progress(engine: Engine) -> dict[str, int]:
         "deleted": deleted,
         # Deleted photos whose objects the sweep has yet to purge once more.
         "unpurged": unpurged,
+        # Published photos a running backfill has yet to move to its recipe.
+        "below_recipe": below or 0,
     }
 
 
@@ -143,12 +164,14 @@ def snapshot(inputs: Inputs) -> Snapshot:
     originals = _keys_by_photo(inputs, f"{inputs.stage}/originals/albums/", ORIGINAL_PHOTO)
     letters: dict[str, list[dict[str, Any]]] = defaultdict(list)
     redriven = []
-    for message in dead_letter_messages(inputs.sqs, inputs.queues.dead_letter_url):
+    found = dead_letter_messages(inputs.sqs, inputs.queues.dead_letter_url)
+    for message in [*found, *inputs.removed_letters]:
         attributes = {k: v.get("StringValue") for k, v in message.get("MessageAttributes", {}).items()}
         if "errorCode" in attributes:
             sent = int(message.get("Attributes", {}).get("SentTimestamp", 0)) / 1000
+            removed = {"removed": message["removedAt"]} if "removedAt" in message else {}
             letters[attributes.get("photoId") or ""].append(
-                attributes | {"sent": sent, "body": message["Body"][:300]}
+                attributes | {"sent": sent, "body": message["Body"][:300]} | removed
             )
         else:
             redriven.append(message)
@@ -198,6 +221,51 @@ def redriven_photo(message: dict[str, Any], malformed: dict[str, str]) -> tuple[
     return "s3_notification", found[1] if len(found) > 1 else None
 
 
+@dataclass
+class Receive:
+    """One receive of a message by a worker: its receive count, and how its run ended: `returned`
+    (reported failed: back after its visibility), `acknowledged`, `unacknowledged` (answered, then
+    the worker died or the poller's delete failed before the message was deleted), or `died` (the
+    worker was killed before its handler answered)."""
+
+    log: str
+    receive_count: int
+    ended: str = "died"
+
+
+class _Receives:
+    """Reads one worker life's batches in order (a life polls one batch at a time)."""
+
+    def __init__(self, log: str, into: dict[str, list[Receive]]) -> None:
+        self.log = log
+        self.into = into
+        self.batch: list[tuple[str, Receive]] = []
+
+    def line(self, entry: dict[str, Any]) -> None:
+        chaos = entry.get("chaos")
+        if chaos == "batch":
+            self._settle("acknowledged")  # the poller deleted the last batch, and polled again
+            self.batch = [
+                (message_id, Receive(self.log, int(count))) for message_id, count in entry["messages"]
+            ]
+            for message_id, receive in self.batch:
+                self.into[message_id].append(receive)
+        elif chaos == "answered":
+            failed = set(entry["failed"])
+            for message_id, receive in self.batch:
+                receive.ended = "returned" if message_id in failed else "answered"
+        elif chaos in ("kill", "poller_error"):
+            self._settle("unacknowledged")
+
+    def end(self) -> None:
+        self._settle("acknowledged")  # stopped after its last poll, which deleted what it answered
+
+    def _settle(self, ended: str) -> None:
+        for _, receive in self.batch:
+            if receive.ended == "answered":
+                receive.ended = ended
+
+
 class Logs:
     """Every process's lines, and the chaos entries among them."""
 
@@ -214,18 +282,23 @@ class Logs:
         self.failures: dict[str, list[tuple[int, str, str, float]]] = defaultdict(list)
         self.unrecorded: set[tuple[str, str]] = set()
         self.instant_retries: Counter[str] = Counter()
+        # message id -> each of its receives by a worker, in order
+        self.receives: dict[str, list[Receive]] = defaultdict(list)
         for path in self.files:
+            receives = _Receives(path.name, self.receives)
             for line in path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
-                    self._read(path, line)
+                    self._read(path, line, receives)
                 elif "Traceback" in line and path.name.startswith(("worker-", "sweep-")):
                     self.counts["tracebacks"] += 1  # the functions' own (moto's server logs its own)
+            receives.end()
 
-    def _read(self, path: Path, line: str) -> None:
+    def _read(self, path: Path, line: str, receives: _Receives) -> None:
         try:
             entry = json.loads(line)
         except ValueError:
             return
+        receives.line(entry)
         chaos = entry.get("chaos")
         if chaos == "kill":
             self.kills.append(entry)
@@ -260,6 +333,8 @@ class Logs:
             for name in ("resentPending", "resentStale", "workerLost", "deadLettersSent", "sendFailed"):
                 self.sweeps[name] += int(entry.get(name, 0))
             self.sweeps["runs"] += 1
+        elif message == "handed on to a fresh message":
+            self.counts["handed_on"] += 1
         elif message == "failure not recorded":
             self.counts["failure_not_recorded"] += 1
             self.unrecorded.add(invocation)
@@ -384,8 +459,16 @@ class Checker:
         published = self.published(photo_id)
         if len(published) != 1:
             self.violated(photo_id, "one photo.published event", f"{len(published)} events")
-        if row.entity_version != 2 or row.visibility != "published":
-            self.violated(photo_id, "entity_version 2, published", f"{row.entity_version}, {row.visibility}")
+        # One version bump for the publication and one for each re-render (SPEC 14).
+        rerenders = [
+            e for e in self.snap.events.get(photo_id, []) if e.event_type == "photo.variants_updated"
+        ]
+        if row.entity_version != 2 + len(rerenders) or row.visibility != "published":
+            self.violated(
+                photo_id,
+                "entity_version 2 + re-renders, published",
+                f"{row.entity_version} after {len(rerenders)} re-renders, {row.visibility}",
+            )
         variants = self.snap.variant_rows.get(photo_id, [])
         kinds = sorted(v.kind for v in variants)
         missing = [
@@ -393,6 +476,12 @@ class Checker:
         ]
         if kinds != ["browse", "thumb"] or missing:
             self.violated(photo_id, "variants", f"variant rows {kinds}, objects missing {missing}")
+        recipe = self.inputs.recipe_version
+        versions = {v.variant_version for v in variants} | {row.variant_version}
+        if recipe is not None and versions != {recipe}:
+            self.violated(
+                photo_id, "backfilled", f"the backfill to version {recipe} left it at {sorted(versions)}"
+            )
         if plan.expected != "ready":
             hint = "issue 11 item 1" if plan.kind == "shape_bomb" else ""
             self.violated(
@@ -402,7 +491,7 @@ class Checker:
                 hint,
             )
         for letter in self.snap.letters.get(photo_id, []):
-            reason = _letter_for_published(plan, letter)
+            reason = _letter_for_published(plan, letter, self.operated(plan, after=float(letter["sent"])))
             if reason.startswith("explained"):
                 self.explained(reason)
             else:
@@ -484,6 +573,11 @@ class Checker:
                     "a final failure's owed letter folded into the next one's (a new upload reopened it)"
                 )
                 continue
+            if any(failed_at < at < following for at in self.operated(plan, after=failed_at)):
+                # SPEC 5: a retry or redrive takes back a letter still owed (no page for a photo that
+                # is not failed); the next final failure owes its own.
+                self.explained("a final failure's owed letter taken back by the operator's retry or redrive")
+                continue
             if not already:
                 self.violated(
                     photo_id,
@@ -525,12 +619,22 @@ class Checker:
             self.explained("redriven after runs that never finished, photo failed for good")
             return
         ended = f"{row.processing_state} {row.error_code or ''}" if row is not None else "unknown"
+        # The process function hands a message on at its second-last receive, so the redrive takes
+        # one only where its runs from there on never ended: killed, answered but never deleted, or
+        # never run at all (a receive no worker logged: the poller's ReceiveMessage answer was lost
+        # on its way, the message counted as received all the same).
+        receives = self.logs.receives.get(message["MessageId"], [])
+        last = [r for r in receives if r.receive_count >= self.inputs.redrive_receives - 1]
+        if all(r.ended in ("died", "unacknowledged") for r in last):
+            self.explained("redriven after its last runs never ended (killed, unacknowledged or never run)")
+            return
         received = message.get("Attributes", {}).get("ApproximateReceiveCount")
         spins = self.logs.instant_retries.get(photo_id or "", 0)
         self.violated(
             photo_id,
             "redrive only for runs that never finish",
-            f"a {what} was dead-lettered by maxReceiveCount (received {received} times); the photo ended {ended}"
+            f"a {what} was dead-lettered by maxReceiveCount (received {received} times); the photo ended {ended};"
+            f" its receives: {[(r.receive_count, r.ended, r.log) for r in receives]}"
             + (
                 f"; {spins} deliveries came back at once (a visibility under 0.5 s rounded to 0)"
                 if spins
@@ -551,13 +655,23 @@ class Checker:
                 "issue 11 item 3",
             )
 
+    @staticmethod
+    def operated(plan: Any, *, after: float) -> list[float]:
+        """When the operator took this photo's failure back (retry, redrive) after `after`."""
+        return [at for at, action in plan.actions if action.startswith("operator:") and at > after]
+
     def published(self, photo_id: str) -> list[Any]:
         return [e for e in self.snap.events.get(photo_id, []) if e.event_type == "photo.published"]
 
 
-def _letter_for_published(plan: Any, letter: dict[str, Any]) -> str:
+def _letter_for_published(plan: Any, letter: dict[str, Any], operated: list[float]) -> str:
     if letter.get("errorCode") == "PHOTO_NOT_FOUND" and plan.kind == "early_original":
         return "explained: an upload before its row was dead-lettered, then its row came"
+    if letter.get("kind") == "rerender":
+        # SPEC 16 (4): a re-render that fails for good pages as one, the photo stays published.
+        return "explained: a re-render failed for good and paged as a re-render"
+    if operated:
+        return "explained: a final failure paged, then the operator took it back and it published"
     # (Its notification may be worked on after the failure even if the upload came before it.)
     if any("a new picture" in action for _, action in plan.actions):
         return "explained: a final failure, then a genuinely new upload reopened and published it"
@@ -595,11 +709,21 @@ def figures(inputs: Inputs, snap: Snapshot, logs: Logs) -> dict[str, Any]:
         "database": inputs.database | {"faults": dict(inputs.tally.database)},
         "duplicates": dict(inputs.tally.duplicates),
         "deletions": dict(inputs.tally.deletions),
+        "operator": dict(inputs.tally.operator),
+        "backfill": dict(inputs.tally.backfill)
+        | {
+            "rerendered": sum(
+                1
+                for events in snap.events.values()
+                if any(e.event_type == "photo.variants_updated" for e in events)
+            )
+        },
         "malformed_sent": inputs.tally.malformed,
         "sweeps": dict(logs.sweeps),
         "dead_letters": {
             "letters": sum(len(v) for v in snap.letters.values()),
             "redriven": len(snap.redriven),
+            "removed_by_the_operator": len(inputs.removed_letters),
         },
         "errors": dict(logs.counts),
         "error_kinds": dict(logs.unexpected.most_common(12)),
@@ -700,6 +824,8 @@ def publish(report: Report, run_dir: Path) -> None:
         "database",
         "duplicates",
         "deletions",
+        "operator",
+        "backfill",
         "malformed_sent",
         "sweeps",
         "dead_letters",

@@ -18,7 +18,14 @@ import pytest
 from devkit.soak import Config, Run
 
 # Under three minutes on two cores: 300 photos at 6 a second, 20 kills (4 at each stage).
-SHORT = {"photos": 300, "kills": 20, "shape_bombs": 1, "drain_seconds": 150.0}
+SHORT = {
+    "photos": 300,
+    "kills": 20,
+    "shape_bombs": 1,
+    "drain_seconds": 150.0,
+    "database_outages": 1,
+    "operator_every": 12.0,
+}
 
 
 @pytest.mark.slow
@@ -32,7 +39,8 @@ def test_every_photo_ends_recorded_under_chaos() -> None:
     config = Config.from_env(seed, output=output, **SHORT)
 
     # WHEN photos are uploaded while workers die, the database and the AWS endpoint fail, and
-    # messages arrive twice, and users delete photos in whatever state they are
+    # messages arrive twice, users delete photos in whatever state they are and upload fixed files
+    # while the functions' database is out, and the operator redrives, retries and backfills
     report = Run(config).execute()
 
     # THEN every stage was hit, and every invariant held
@@ -44,6 +52,11 @@ def test_every_photo_ends_recorded_under_chaos() -> None:
     assert report.figures["database"]["restarts"] == (0 if os.environ.get("DATABASE_URL") else 1)
     assert report.figures["faults_by_kind"]
     assert sum(report.figures["deletions"].values()) >= 5
+    # ... and the people around it: an outage the functions' database connections met, the operator's
+    # redrives, a recipe backfilled over the published photos
+    assert report.figures["database"]["faults"]["outages"] == 1
+    assert report.figures["operator"].get("redrives", 0) >= 1
+    assert report.figures["backfill"]["rerendered"] >= 1
     lines = [f"SOAK_SEED={report.seed}: {len(report.violations)} violations"]
     lines += [f"{v.rule} [{v.hint}]: {v.detail} (photo {v.photo_id})" for v in report.violations]
     assert not report.violations, "\n".join(lines + list(report.histories.values()))

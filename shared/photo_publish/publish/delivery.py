@@ -124,6 +124,12 @@ class Delivery:
             # eTag), and only that reopens a failed job; records in it that did succeed arrive as
             # duplicates.
             self._queue.send(body, delay)
+            logger.info(
+                "handed on to a fresh message",
+                message_id=message_id,
+                receive_count=receive_count,
+                delay=delay,
+            )
             return results
         self._queue.retry_later(receipt_handle, delay)
         raise RetryLater(retries)
