@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from photo_publish.outbox.contracts import Capture, Location
 
 # TIFF field types.
 BYTE, ASCII, SHORT, LONG, RATIONAL, UNDEFINED, SSHORT, SLONG, SRATIONAL, DOUBLE = (
@@ -164,6 +167,20 @@ TAKEN_LOCAL, TAKEN_OFFSET = "2024:06:01 18:42:07", "+02:00"
 LATITUDE_DMS = ((48, 1), (51, 1), (2400, 100))  # 48.856666... N
 LONGITUDE_DMS = ((2, 1), (21, 1), (720, 100))  # 2.352 E
 ALTITUDE_M = (3500, 100)
+# The same, as the standard defines the tags: what a reader must find in camera().
+CAMERA = Capture(
+    taken_at=datetime(2024, 6, 1, 16, 42, 7, 123000, tzinfo=UTC),
+    taken_at_local=datetime(2024, 6, 1, 18, 42, 7, 123000),
+    make=MAKE_TEXT,
+    model=MODEL_TEXT,
+    lens=LENS_TEXT,
+    f_number=1.78,
+    exposure_time=1 / 250,
+    iso=64,
+    focal_length=6.765,
+)
+PARIS = Location(latitude=48 + 51 / 60 + 24 / 3600, longitude=2 + 21 / 60 + 7.2 / 3600, altitude=35.0)
+CAMERA_WITH_POSITION = replace(CAMERA, location=PARIS)
 
 
 def camera(*, order: str = ">", offset: bool = True, orientation: int = 1) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,19 +43,7 @@ from photo_publish.image import capture
 from photo_publish.image.pipeline import RenderOptions, render
 from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Location
 
-# The camera() block's values, as the standard defines them.
-PARIS = Location(latitude=48 + 51 / 60 + 24 / 3600, longitude=2 + 21 / 60 + 7.2 / 3600, altitude=35.0)
-CAMERA = Capture(
-    taken_at=datetime(2024, 6, 1, 16, 42, 7, 123000, tzinfo=UTC),
-    taken_at_local=datetime(2024, 6, 1, 18, 42, 7, 123000),
-    make="Apple",
-    model="iPhone 15 Pro",
-    lens="iPhone 15 Pro back triple camera 6.765mm f/1.78",
-    f_number=1.78,
-    exposure_time=1 / 250,
-    iso=64,
-    focal_length=6.765,
-)
+CAMERA, PARIS, CAMERA_WITH_POSITION = exif.CAMERA, exif.PARIS, exif.CAMERA_WITH_POSITION
 
 
 def exif_of(path: Path) -> bytes | None:
@@ -138,14 +127,14 @@ def test_a_phones_block_reads_whole_and_its_position_only_when_asked(order: str)
     kept, dropped = capture.read(block_, location=True), capture.read(block_)
 
     # THEN the instant is in UTC, the clock as the camera showed it, the position signed degrees
-    assert kept == capture.Reading(Capture(**{**_fields(CAMERA), "location": PARIS}))
+    assert kept == capture.Reading(CAMERA_WITH_POSITION)
     # AND without the agreement, the same without the position
     assert dropped == capture.Reading(CAMERA)
     # AND Pillow reads the same block the same way (the builder writes what the standard says;
     # Pillow's reading here leaves out the offset and the milliseconds)
     assert CAMERA.taken_at_local is not None
     clock = CAMERA.taken_at_local.replace(microsecond=0)
-    assert pillow_capture(block_) == Capture(**{**_fields(CAMERA), "taken_at": None, "taken_at_local": clock})
+    assert pillow_capture(block_) == replace(CAMERA, taken_at=None, taken_at_local=clock)
 
 
 def test_without_the_users_agreement_the_gps_directory_is_never_opened() -> None:
@@ -491,7 +480,7 @@ def test_a_block_cut_anywhere_never_raises_and_keeps_only_what_lies_inside() -> 
                 assert value in (None, PARIS, Location(latitude=PARIS.latitude, longitude=PARIS.longitude))
             else:
                 assert value in (None, getattr(CAMERA, name))
-        if reading.capture != Capture(**{**_fields(CAMERA), "location": PARIS}) and length > 6:
+        if reading.capture != CAMERA_WITH_POSITION and length > 6:
             assert reading.problem is not None
 
 
@@ -580,7 +569,7 @@ def test_every_format_that_carries_exif_gives_its_capture_from_the_header(
     dropped = render(io.BytesIO(data), RenderOptions())
 
     # THEN the capture is the block's, its position only where it was agreed
-    assert (kept.capture, kept.capture_problem) == (Capture(**{**_fields(CAMERA), "location": PARIS}), None)
+    assert (kept.capture, kept.capture_problem) == (CAMERA_WITH_POSITION, None)
     assert (dropped.capture, dropped.capture_problem) == (CAMERA, None)
 
 
@@ -597,7 +586,7 @@ def test_a_heic_whose_header_libvips_cannot_read_gives_pi_heifs_exif(upright: py
 
     # THEN pi-heif read its header, its pixels and its EXIF
     assert rendered.loader == "pi_heif"
-    assert rendered.capture == Capture(**{**_fields(CAMERA), "location": PARIS})
+    assert rendered.capture == CAMERA_WITH_POSITION
 
 
 def test_a_png_whose_exif_block_is_over_the_limit_publishes_without_it(upright: pyvips.Image) -> None:
