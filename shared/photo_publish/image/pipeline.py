@@ -463,7 +463,8 @@ def _capture(image: pyvips.Image | None, loader: str, data: bytearray, location:
         return capture.NOTHING
     # Its size first: pyvips' get() copies the block out of libvips, however large the file made it.
     value = pyvips.GValue()
-    pyvips.vips_lib.vips_image_get(image.pointer, b"exif-data", value.pointer)
+    if pyvips.vips_lib.vips_image_get(image.pointer, b"exif-data", value.pointer) != 0:
+        return capture.NOTHING
     size = pyvips.ffi.new("size_t *")
     pyvips.vips_lib.vips_value_get_blob(value.gvalue, size)
     if size[0] > capture.MAX_EXIF_BYTES:

@@ -275,32 +275,31 @@ class PhotoPublishedPayload:
 
     def to_json(self) -> dict[str, object]:
         """The outbox's document: camelCase keys, ids as strings, publishedAt in ISO-8601 UTC ("Z")."""
-        return (
-            {
-                "schemaVersion": self.schema_version,
-                "photoId": str(self.photo_id),
-                "albumId": str(self.album_id),
-                "entityVersion": self.entity_version,
-                "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
-                "width": self.width,
-                "height": self.height,
-                "variants": {
-                    "thumb": _variant_json(self.variants.thumb),
-                    "browse": _variant_json(self.variants.browse),
-                },
-            }
-            | (
-                {}
-                if self.placeholder is None
-                else {
-                    "placeholder": {
-                        "thumbhash": self.placeholder.thumbhash,
-                        "averageColor": self.placeholder.average_color,
-                    }
+        document: dict[str, object] = {
+            "schemaVersion": self.schema_version,
+            "photoId": str(self.photo_id),
+            "albumId": str(self.album_id),
+            "entityVersion": self.entity_version,
+            "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
+            "width": self.width,
+            "height": self.height,
+            "variants": {
+                "thumb": _variant_json(self.variants.thumb),
+                "browse": _variant_json(self.variants.browse),
+            },
+        } | (
+            {}
+            if self.placeholder is None
+            else {
+                "placeholder": {
+                    "thumbhash": self.placeholder.thumbhash,
+                    "averageColor": self.placeholder.average_color,
                 }
-            )
-            | ({} if self.capture is None else {"capture": self.capture.to_json()})
+            }
         )
+        if self.capture is not None:
+            document["capture"] = self.capture.to_json()
+        return document
 
     @classmethod
     def from_json(cls, document: object) -> Self:
