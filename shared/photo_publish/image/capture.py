@@ -227,14 +227,18 @@ class _Reader:
     # -- values ------------------------------------------------------------------------------------
 
     def _text(self, directory: dict[int, _Entry], tag: int) -> str | None:
+        value = self._text_bytes(directory, tag, _NAMES[tag])
+        return None if value is None else _clean(bytes(value[: 4 * MAX_CAPTURE_TEXT]))
+
+    def _text_bytes(self, directory: dict[int, _Entry], tag: int, name: str) -> memoryview | None:
+        """A text entry's bytes; None (and why) where it is of another type or runs past the end."""
         entry = directory.get(tag)
         if entry is None:
             return None
         if entry.type not in _TEXT_TYPES:
-            self.problems.append(f"{_NAMES[tag]}: type {entry.type}, not text")
+            self.problems.append(f"{name}: type {entry.type}, not text")
             return None
-        value = self._bytes(entry, _NAMES[tag])
-        return None if value is None else _clean(bytes(value[: 4 * MAX_CAPTURE_TEXT]))
+        return self._bytes(entry, name)
 
     def _numbers(
         self, directory: dict[int, _Entry], tag: int, name: str, count: int = 1
@@ -364,13 +368,7 @@ class _Reader:
 
     def _ref(self, gps: dict[int, _Entry], tag: int, name: str) -> int | None:
         """+1 or -1 by the hemisphere; None where there is none (a NUL: no fix) or it is no letter."""
-        entry = gps.get(tag)
-        if entry is None:
-            return None
-        if entry.type not in _TEXT_TYPES:
-            self.problems.append(f"{name}: type {entry.type}, not text")
-            return None
-        value = self._bytes(entry, name)
+        value = self._text_bytes(gps, tag, name)
         letter = bytes(value[:1]).decode("latin-1").upper() if value is not None else ""
         if letter in ("", "\0"):
             return None
