@@ -44,6 +44,22 @@ _DATE_TIME_ORIGINAL, _OFFSET_TIME_ORIGINAL, _SUBSEC_TIME_ORIGINAL = 0x9003, 0x90
 _FOCAL_LENGTH, _LENS_MODEL = 0x920A, 0xA434
 # The GPS directory
 _LATITUDE_REF, _LATITUDE, _LONGITUDE_REF, _LONGITUDE, _ALTITUDE_REF, _ALTITUDE = 1, 2, 3, 4, 5, 6
+# The entries each directory is read for (the rest, a maker note among them, are passed over).
+_IFD0_TAGS = frozenset({_MAKE, _MODEL, _EXIF_IFD, _GPS_IFD})
+_EXIF_TAGS = frozenset(
+    {
+        _EXPOSURE_TIME,
+        _F_NUMBER,
+        _ISO,
+        _ISO_SPEED,
+        _DATE_TIME_ORIGINAL,
+        _OFFSET_TIME_ORIGINAL,
+        _SUBSEC_TIME_ORIGINAL,
+        _FOCAL_LENGTH,
+        _LENS_MODEL,
+    }
+)
+_GPS_TAGS = frozenset({_LATITUDE_REF, _LATITUDE, _LONGITUDE_REF, _LONGITUDE, _ALTITUDE_REF, _ALTITUDE})
 
 _NAMES = {
     _MAKE: "Make",
@@ -158,8 +174,8 @@ class _Reader:
         self._order = "<" if bytes(tiff[:2]) == b"II" else ">"
 
     def capture(self, *, location: bool) -> Capture:
-        ifd0 = self._directory(int(self._unpack("I", 4)[0]), "IFD0")
-        exif = self._pointed(ifd0, _EXIF_IFD)
+        ifd0 = self._directory(int(self._unpack("I", 4)[0]), "IFD0", _IFD0_TAGS)
+        exif = self._pointed(ifd0, _EXIF_IFD, _EXIF_TAGS)
         taken_at, local = self._taken(exif)
         return Capture(
             taken_at=taken_at,
@@ -171,7 +187,7 @@ class _Reader:
             exposure_time=self._positive(exif, _EXPOSURE_TIME),
             iso=self._iso(exif),
             focal_length=self._positive(exif, _FOCAL_LENGTH),
-            location=self._location(self._pointed(ifd0, _GPS_IFD)) if location else None,
+            location=self._location(self._pointed(ifd0, _GPS_IFD, _GPS_TAGS)) if location else None,
         )
 
     # -- structure ---------------------------------------------------------------------------------
@@ -182,8 +198,8 @@ class _Reader:
             raise _Unreadable(f"an offset ({at}) outside the block")
         return struct.unpack_from(self._order + fmt, self._data, at)
 
-    def _directory(self, offset: int, name: str) -> dict[int, _Entry]:
-        """A directory's entries by tag (the first of a repeated one); its link to a next
+    def _directory(self, offset: int, name: str, wanted: frozenset[int]) -> dict[int, _Entry]:
+        """A directory's `wanted` entries by tag (the first of a repeated one); its link to a next
         directory is never followed."""
         if not 8 <= offset < len(self._data):
             raise _Unreadable(f"{name} at an offset ({offset}) outside the block")
@@ -197,12 +213,14 @@ class _Reader:
         for index in range(fits):
             at = offset + 2 + 12 * index
             tag, kind, number = (int(v) for v in self._unpack("HHI", at))
+            if tag not in wanted:
+                continue
             size = _SIZES.get(kind, 0) * number
             value_at = at + 8 if size <= 4 else int(self._unpack("I", at + 8)[0])
             entries.setdefault(tag, _Entry(tag, kind, number, value_at))
         return entries
 
-    def _pointed(self, directory: dict[int, _Entry], tag: int) -> dict[int, _Entry]:
+    def _pointed(self, directory: dict[int, _Entry], tag: int, wanted: frozenset[int]) -> dict[int, _Entry]:
         """The directory an entry points to; empty where there is none, or it cannot be read."""
         entry = directory.get(tag)
         if entry is None:
@@ -211,7 +229,7 @@ class _Reader:
             self.problems.append(f"{_NAMES[tag]}: type {entry.type} x {entry.count}, not a pointer")
             return {}
         try:
-            return self._directory(int(self._unpack("I", entry.at)[0]), _NAMES[tag])
+            return self._directory(int(self._unpack("I", entry.at)[0]), _NAMES[tag], wanted)
         except _Unreadable as error:
             self.problems.append(str(error))
             return {}
