@@ -573,7 +573,7 @@ def test_every_format_that_carries_exif_gives_its_capture_from_the_header(
     assert (dropped.capture, dropped.capture_problem) == (CAMERA, None)
 
 
-def test_a_heic_whose_header_libvips_cannot_read_gives_pi_heifs_exif(upright: pyvips.Image) -> None:
+def test_a_heic_whose_header_libvips_cannot_read_gives_pi_heifs_exif() -> None:
     # GIVEN a HEIC of 1600 x 1200 in 475 tiles of 64 x 64 (477 items with its grid and EXIF, over the
     # 256 that libvips' libheif reads)
     picture = samples.photograph().crop(0, 0, 1600, 1200)
