@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import io
 
+import pyvips
+
+# What libvips reads of a file's metadata, whatever its format.
+METADATA_FIELDS = ("exif-data", "xmp-data", "icc-profile-data", "iptc-data")
+# A WebP's chunks of pixels: anything else is metadata (EXIF, XMP, ICCP) or unknown.
+WEBP_PIXEL_CHUNKS = {b"VP8 ", b"VP8L", b"VP8X", b"ALPH"}
+
 
 class FailingReader:
     """Serves `data` up to byte `fail_at`, then raises `error` on every read."""
@@ -32,3 +39,16 @@ def webp_chunks(data: bytes) -> list[bytes]:
         chunks.append(data[offset : offset + 4])
         offset += 8 + size + (size & 1)
     return chunks
+
+
+def metadata_in(data: bytes, *, markers: tuple[bytes, ...] = ()) -> list[str]:
+    """What a variant carries beyond its pixels: the metadata libvips finds in it, a WebP's
+    chunks other than pixels and its VP8X flags for ICC, EXIF and XMP, and any of `markers`
+    (strings the original's metadata held) anywhere in its bytes. Empty for a clean file."""
+    found = [field for field in METADATA_FIELDS if pyvips.Image.new_from_buffer(data, "").get_typeof(field)]
+    if data[:4] == b"RIFF":
+        found += [f"chunk {c!r}" for c in webp_chunks(data) if c not in WEBP_PIXEL_CHUNKS]
+        if webp_chunks(data)[0] == b"VP8X" and data[20] & 0b101100:
+            found.append(f"VP8X flags {data[20]:#04x}")
+    found += [f"marker {m!r}" for m in markers if m in data]
+    return found

@@ -22,6 +22,7 @@ from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, clean_file_name, original_key, parse_uuid, photo_prefixes
 from photo_publish.outbox import writer
+from photo_publish.publish.transaction import capture_of
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ def register(
 ) -> Registration:
     """A new photo in `album_id` and the POST that uploads its original; Refused for a request that
     cannot be one (an album id that is not a UUID, a file name that cleans to nothing, a type SPEC 3
-    does not decode, a size outside 1..MAX_ORIGINAL_BYTES). `s3` signs the POST: give it
+    does not decode, a size outside 1..MAX_ORIGINAL_BYTES, a keep_location that is not a bool).
+    `keep_location`: the user agreed to keep the photo's GPS position on its record (never in a
+    variant); without it, its GPS tags are never read. `s3` signs the POST: give it
     `Config(signature_version="s3v4")` (bootstrap.s3_client() has it), as botocore otherwise signs
     presigned requests with SigV2, which S3 refuses on buckets created since June 2020."""
     album = _album(album_id)
@@ -98,6 +101,8 @@ def register(
     limit = settings.max_original_bytes
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit):
         raise Refused("SIZE_INVALID", f"size must be between 1 and {limit} bytes, got {size!r}")
+    if not isinstance(keep_location, bool):
+        raise Refused("KEEP_LOCATION_INVALID", f"keepLocation must be true or false, got {keep_location!r}")
 
     photo_id = uuid.uuid4()
     key = original_key(settings.stage, album, photo_id, name)
@@ -153,8 +158,9 @@ def status(
     engine: Engine, photo_id: str | UUID, *, base_url: str = "", owner: str | None = None
 ) -> dict[str, Any] | None:
     """What a polling client needs: the state, the error in words, the variants (with URLs under
-    `base_url` when one is set) and the placeholder; None for an unknown photo, or, given an
-    `owner`, for one that user did not register."""
+    `base_url` when one is set), the placeholder and, once published, the capture metadata (as the
+    payload carries it); None for an unknown photo, or, given an `owner`, for one that user did
+    not register."""
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
@@ -203,6 +209,7 @@ def status(
         "placeholder": (
             {"thumbhash": photo.thumbhash, "averageColor": photo.average_color} if photo.thumbhash else None
         ),
+        "capture": capture_of(photo).to_json() if photo.processing_state == "ready" else None,
     }
 
 

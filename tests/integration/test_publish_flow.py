@@ -80,8 +80,10 @@ def test_an_uploaded_photo_is_published_with_variants_rows_and_one_outbox_event(
     assert event.payload["photoId"] == str(upload.photo_id)
     assert event.payload["variants"]["browse"]["key"] == variants["browse"].storage_key
     assert event.payload["variants"]["thumb"]["bytes"] == variants["thumb"].bytes
-    # AND the placeholder (schema version 2) is the one stored on the photo
-    assert event.payload["schemaVersion"] == 2
+    # AND the placeholder (schema version 2 on) is the one stored on the photo; the capture (3 on)
+    # is there, empty for a photograph whose EXIF is
+    assert event.payload["schemaVersion"] == 3
+    assert set(event.payload["capture"].values()) == {None}
     assert event.payload["placeholder"] == {"thumbhash": photo.thumbhash, "averageColor": photo.average_color}
     assert photo.thumbhash and photo.average_color.startswith("#")
     assert poller.failed == 0

@@ -25,9 +25,9 @@ from typing import Protocol, runtime_checkable
 import pyvips
 
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.image import frames, heic, thumbhash
+from photo_publish.image import capture, frames, heic, thumbhash
 from photo_publish.keys import VariantKind
-from photo_publish.outbox.contracts import Placeholder
+from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Placeholder
 
 # Loaders an upload may use (by libvips' nickname); everything else is refused from its header.
 ALLOWED_LOADERS = frozenset(
@@ -136,13 +136,16 @@ class RenderedVariant:
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """The original's displayed size (orientation applied), its variants and its placeholder."""
+    """The original's displayed size (orientation applied), its variants and its placeholder, and
+    what its EXIF says of its taking (SPEC 18; `capture_problem`: why some of that stays empty)."""
 
     width: int
     height: int
     loader: str
     variants: tuple[RenderedVariant, ...]
     placeholder: Placeholder
+    capture: Capture = NO_CAPTURE
+    capture_problem: str | None = None
 
 
 class _StreamSource:
@@ -448,6 +451,27 @@ def _read_header(
     return image, _Header.of(image, loader)
 
 
+def _capture(image: pyvips.Image | None, loader: str, data: bytearray, location: bool) -> capture.Reading:
+    """The capture metadata, from the EXIF the header read already holds: libvips' block, a TIFF's
+    own directories (libvips keeps no block for those), or pi-heif's for a HEIF whose header libvips
+    could not read. No pixel is decoded for it."""
+    if loader == "tiffload_source":
+        return capture.read(data, location=location, limit=None)
+    if image is None:
+        return capture.read(heic.exif(data), location=location)
+    if not _has(image, "exif-data"):
+        return capture.NOTHING
+    # Its size first: pyvips' get() copies the block out of libvips, however large the file made it.
+    value = pyvips.GValue()
+    if pyvips.vips_lib.vips_image_get(image.pointer, b"exif-data", value.pointer) != 0:
+        return capture.NOTHING
+    size = pyvips.ffi.new("size_t *")
+    pyvips.vips_lib.vips_value_get_blob(value.gvalue, size)
+    if size[0] > capture.MAX_EXIF_BYTES:
+        return capture.too_large(int(size[0]))
+    return capture.read(image.get("exif-data"), location=location)
+
+
 def _waits(stream: Readable) -> Callable[[], float]:
     """The seconds `stream` has waited for bytes so far (none known for a stream that does not count)."""
     if isinstance(stream, WaitCounting):
@@ -456,8 +480,13 @@ def _waits(stream: Readable) -> Callable[[], float]:
     return lambda: 0.0
 
 
-def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
+def render(
+    original: Readable, options: RenderOptions, *, time_budget: float = math.inf, location: bool = False
+) -> Rendered:
     """Render `thumb` and `browse` WebP variants from a stream of the original.
+
+    `location`: read the photo's GPS position into its capture metadata (the upload said its user
+    agreed); without it, the GPS tags are never read. Variants carry no metadata either way.
 
     `time_budget`: the seconds the caller can still give (an invocation's time left); the render
     stops at that or at `options.render_timeout_seconds`, whichever comes first, with
@@ -500,6 +529,7 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
     header.check(options)
     if loader == _HEIF:
         heic.check_canvas(data)
+    taken = _capture(header_image, loader, data, location)
 
     width, height = header.width, header.height
     # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
@@ -536,4 +566,12 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
         shown = thumbhash.placeholder(browse)
     except pyvips.Error as error:
         raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None
-    return Rendered(width=width, height=height, loader=loader, variants=tuple(variants), placeholder=shown)
+    return Rendered(
+        width=width,
+        height=height,
+        loader=loader,
+        variants=tuple(variants),
+        placeholder=shown,
+        capture=taken.capture,
+        capture_problem=taken.problem,
+    )

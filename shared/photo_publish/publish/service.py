@@ -236,11 +236,17 @@ class PhotoService:
                 # libvips is stopped inside its evaluation if the invocation's time runs out first
                 # (TIME_BUDGET_EXCEEDED), or the render's own limit does (RENDER_TIME_EXCEEDED).
                 rendered = render(
-                    stream, self._options, time_budget=remaining() - settings.commit_budget_seconds
+                    stream,
+                    self._options,
+                    time_budget=remaining() - settings.commit_budget_seconds,
+                    location=photo.keep_location,
                 )
         finally:
             stream.close()
         rendered_at = time.perf_counter()
+        if rendered.capture_problem is not None:
+            # The photo publishes all the same, without what its EXIF did not say clearly.
+            logger.warning("capture metadata left empty", problem=rendered.capture_problem)
 
         if not self._repository.holds(photo.id, attempt, settings.variant_version):
             # Taken over, or published meanwhile at this version: its variants are not this worker's
@@ -291,6 +297,7 @@ class PhotoService:
             variants=stored,
             variant_version=settings.variant_version,
             placeholder=rendered.placeholder,
+            capture=rendered.capture,
         )
         waited = slotted - opened
         steps = Steps(
