@@ -122,6 +122,9 @@ class Case:
     name: str  # also the file's name
     make: Callable[[], bytes]
     note: str
+    size: tuple[int, int] = SQUARE
+    # How the process function renders it at the template's memory: in a shared slot, or alone.
+    route: str = "shared"
 
 
 CASES = [
@@ -129,41 +132,59 @@ CASES = [
         "jpeg-progressive-8000x6000.jpg",
         _jpeg(CAMERA_48MP, Q=85, interlace=True, optimize_coding=True),
         "the issue's: a 48 MP camera's, as mozjpeg writes it (4:2:0)",
+        size=CAMERA_48MP,
     ),
     Case(
         "jpeg-progressive-12500x8000.jpg",
         _jpeg(WIDE, Q=85, interlace=True, optimize_coding=True),
         "progressive, 4:2:0",
+        size=WIDE,
     ),
     Case("jpeg-progressive-444-10000x10000.jpg", _jpeg(SQUARE, Q=95, interlace=True), "progressive, 4:4:4"),
     Case(
         "jpeg-progressive-cmyk-10000x10000.jpg",
         lambda: _progressive_cmyk(SQUARE),
         "progressive CMYK: the most a JPEG's coefficients hold",
+        route="alone",
     ),
-    Case("jpeg-baseline-12500x8000.jpg", _jpeg(WIDE, Q=85), "baseline: shrinks on load, streams"),
+    Case("jpeg-baseline-12500x8000.jpg", _jpeg(WIDE, Q=85), "baseline: shrinks on load, streams", size=WIDE),
     Case("png-interlaced-10000x10000.png", lambda: _interlaced_png(SQUARE), "interlaced (Adam7), 8-bit"),
     Case(
         "png-interlaced-10000x10000-16bit-alpha.png",
         lambda: hostile.png(*SQUARE, bits=16, bands=4, interlaced=True),
         "interlaced 16-bit RGBA: the most a PNG holds",
+        route="alone",
     ),
     Case(
         "png-12500x8000.png",
         lambda: bytes(_picture(WIDE).pngsave_buffer(palette=True, effort=1)),
         "not interlaced: streams",
+        size=WIDE,
     ),
     Case("tiff-tiled-10000x10000.tif", lambda: _tiled_tiff(SQUARE), "512-pixel tiles, JPEG-coded"),
-    Case("heic-10bit-10000x10000.heic", _heif_grid("hevc-10", SQUARE), "10-bit HEVC, 400 tiles"),
+    Case(
+        "heic-10bit-10000x10000.heic", _heif_grid("hevc-10", SQUARE), "10-bit HEVC, 400 tiles", route="alone"
+    ),
     Case("heic-10000x10000.heic", _heif_grid("hevc-8", SQUARE), "8-bit HEVC, 400 tiles"),
     Case("avif-10000x10000.avif", _heif_grid("av1", SQUARE), "8-bit AV1 (libvips' libheif)"),
-    Case("avif-10bit-10000x10000.avif", _heif_grid("av1-10", SQUARE), "10-bit AV1 (libvips' libheif)"),
+    Case(
+        "avif-10bit-10000x10000.avif",
+        _heif_grid("av1-10", SQUARE),
+        "10-bit AV1 (libvips' libheif)",
+        route="alone",
+    ),
     Case("gif-animated-10000x10000.gif", lambda: _animated_gif(SQUARE), "two frames; the first is rendered"),
-    Case("webp-animated-12500x8000.webp", lambda: _animated_webp(WIDE), "two frames; the first is rendered"),
+    Case(
+        "webp-animated-12500x8000.webp",
+        lambda: _animated_webp(WIDE),
+        "two frames; the first is rendered",
+        size=WIDE,
+    ),
     Case(
         "webp-12500x8000.webp",
         lambda: bytes(_picture(WIDE).webpsave_buffer(Q=75, effort=0)),
         "still: shrinks on load",
+        size=WIDE,
     ),
 ]
 

@@ -130,3 +130,23 @@ def fast(infra: Infra) -> Infra:
     """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
     infra.configure(retry_base_seconds=1)
     return infra
+
+
+@pytest.fixture(scope="session")
+def fullsize_corpus() -> Path:
+    """devkit/fullsize.py's photos at the pixel limit, made in a child process where missing (making
+    them holds 100 MP pictures; a few minutes the first time, then kept in .local/fullsize)."""
+    import subprocess
+    import sys
+
+    from benchmarks import child
+    from devkit import fullsize
+
+    subprocess.run(
+        [sys.executable, "-m", "devkit.fullsize", str(fullsize.FOLDER)],
+        check=True,
+        cwd=stack.ROOT,
+        env=child.env(),
+        stdout=subprocess.DEVNULL,
+    )
+    return fullsize.FOLDER

@@ -1,4 +1,5 @@
-"""A worker process for the crash tests: the real process handler, fed as devkit/poller.py feeds it.
+"""A worker process for the crash and memory tests: the real process handler, fed as devkit/poller.py
+feeds it.
 
     python -m tests.crashworker
 
