@@ -192,7 +192,8 @@ CASES = [
 def render_as_the_function(path: str | Path, budget: slots.DecodeBudget = slots.DEFAULT) -> dict[str, Any]:
     """render() of the file (read as a stream) as the process function runs it: in a shared slot of
     `budget`, or, where its header says more than a slot holds, read again and rendered alone
-    (PhotoService's gate). Its route (shared, alone, refused), and its size or its refusal's code."""
+    (PhotoService's gate). The route it ended on (shared, alone: the share of the memory it had), and
+    its size or its refusal's code (from its header, or from its decoder)."""
     options, route = RenderOptions().sharing(budget), "shared"
     while True:
         with open(path, "rb") as stream:  # noqa: PTH123
@@ -202,7 +203,7 @@ def render_as_the_function(path: str | Path, budget: slots.DecodeBudget = slots.
                 options, route = options.alone(), "alone"
                 continue
             except PhotoError as error:
-                return {"route": "refused", "code": str(error.code), "detail": error.detail}
+                return {"route": route, "code": str(error.code), "detail": error.detail}
         return {
             "route": route,
             "code": None,

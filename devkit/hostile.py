@@ -719,7 +719,7 @@ CASES = [
         "tiff-24576x4069-16bit-alpha-tiles-3456.tif",
         lambda: tiff(ROW // 8, PIXELS // (ROW // 8), bits=16, bands=4, tile=(3456, 3456)),
         REFUSED,
-        "tiles of 96 MB: four rows 2.7 GB, more than a render alone may hold",
+        "tiles of 91 MB: four rows 2.5 GB, more than a render alone may hold",
     ),
     Case(
         "tiff-24576x4069-16bit-alpha-tiles-304.tif",

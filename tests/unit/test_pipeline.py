@@ -640,8 +640,8 @@ def test_at_the_templates_memory_what_a_slot_cannot_hold_goes_back_to_render_alo
 
 
 def test_what_no_render_of_the_function_could_hold_is_refused_from_its_header() -> None:
-    # GIVEN a 100 MP TIFF in 16-bit RGBA tiles of 3456 (96 MB each; libvips refuses larger ones): four
-    # rows of them are 2.7 GB, more than a render alone may hold in the template's function
+    # GIVEN a 100 MP TIFF in 16-bit RGBA tiles of 3456 (91 MB each; libvips refuses 4096): four
+    # rows of them are 2.5 GB, more than a render alone may hold in the template's function
     data = hostile.tiff(24576, 4069, bits=16, bands=4, tile=(3456, 3456))
     options = RenderOptions().sharing(slots.DEFAULT)
 

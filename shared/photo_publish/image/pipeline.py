@@ -9,8 +9,11 @@ memory (see heic.py); from the decoded picture on, it is the same pipeline. GIF,
 read whole too, as their loaders would, to be cut to their first frame (frames.py).
 
 Bounded whatever the file declares (SPEC 3): every limit is checked on the header, before a pixel is
-decoded, and the render stops at its deadline inside libvips. Measured over benchmarks/hostile.py's
-corpus, the limits' defaults hold every input under 400 MB and 10 s.
+decoded, and the render stops at its deadline inside libvips. What the decoder will hold is counted
+from the header and judged against the function's memory (slots.py): within a shared slot, beside
+the other renders; over it, alone (RenderAlone: the caller's gate); over the whole, refused. Measured
+over benchmarks/hostile.py's corpus and benchmarks/fullsize.py's photos at 100 MP, every input stays
+within its share and 10 s.
 """
 
 from __future__ import annotations
