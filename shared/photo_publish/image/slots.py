@@ -16,7 +16,7 @@ alone (publish/service.py's gate); over the whole, nothing this function runs co
 DIMENSIONS_EXCEEDED. Every render also holds RENDER_WORK beyond its header's figure, so RENDER_CONCURRENCY
 slots, each with its work, the reserves and the resident set add up to the function's memory.
 
-Stdlib only: settings.py validates a configuration with it, and the sweep never loads libvips.
+Stdlib only: settings.py derives the budget with it, and the sweep never loads libvips.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ HEAP_GROWTH = 64 * MIB
 RECORD_RESERVE = 16 * MIB
 # What a render holds beyond its header's figure: libvips' buffers and threads, the browse in memory,
 # the encoders (benchmarks/fullsize.py measures it for every accepted format at 100 MP, and
-# benchmarks/hostile.py for the hostile corpus: at most 79 MB over the estimate).
+# benchmarks/hostile.py for the hostile corpus: at most 77 MB over the count, a float TIFF's).
 RENDER_WORK = 96 * MIB
 # The process function's resident set at its cold start, where it cannot be measured (no /proc) and
-# for a render outside the function (tests, benchmarks, the fuzzer): measured 94 MB (x86_64).
+# for a render outside the function (tests, benchmarks, the fuzzer): measured 93-94 MB here (x86_64,
+# the handler's imports and clients), with room for the Lambda runtime's own.
 NOMINAL_RESIDENT = 128 * MIB
 # Lambda's memory, in its MB (MiB), at the template's default (ProcessMemorySize: one full vCPU).
 TEMPLATE_MEMORY_MB = 1769
