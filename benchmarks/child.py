@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -106,6 +107,40 @@ def measure(
     )
     if out.returncode:
         raise SystemExit(f"benchmarks.child {peer} {photo.name} failed ({out.returncode}):\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def capped(*args: str | Path, cap_bytes: int, timeout: float) -> dict[str, Any]:
+    """One child (`args` as for command()) under an address space cap: its JSON, or what happened to
+    it instead (code: timed out, crashed; no peak)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["prlimit", f"--as={cap_bytes}", *command(*args)],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=ROOT,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "code": f"timed out ({timeout:g} s)",
+            "seconds": timeout,
+            "peak_mb": math.nan,
+            "floor_mb": 0.0,
+        }
+    if out.returncode:
+        last = out.stderr.strip().splitlines()[-1:] or [""]
+        return {
+            "code": f"crashed ({out.returncode}): {last[0][:60]}",
+            "seconds": 0.0,
+            "peak_mb": math.nan,
+            "floor_mb": 0.0,
+        }
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

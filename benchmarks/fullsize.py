@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
 from benchmarks import child
 from devkit import fullsize
@@ -51,37 +49,6 @@ def make_corpus() -> None:
     )
 
 
-def run(*args: str | Path) -> dict[str, Any]:
-    """One child under the cap: its JSON, or what happened to it instead."""
-    try:
-        out = subprocess.run(
-            ["prlimit", f"--as={CAP_BYTES}", *child.command(*args)],
-            capture_output=True,
-            text=True,
-            env=child.env(),
-            cwd=ROOT,
-            timeout=TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {
-            "code": f"timed out ({TIMEOUT} s)",
-            "seconds": float(TIMEOUT),
-            "peak_mb": 0.0,
-            "floor_mb": 0.0,
-        }
-    if out.returncode:
-        last = out.stderr.strip().splitlines()[-1:] or [""]
-        return {
-            "code": f"crashed ({out.returncode}): {last[0][:60]}",
-            "seconds": 0.0,
-            "peak_mb": 0.0,
-            "floor_mb": 0.0,
-        }
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
 def allowance(route: str, budget: slots.DecodeBudget = slots.DEFAULT) -> int:
     return {"shared": budget.slot, "alone": budget.whole}.get(route, 0) + slots.RENDER_WORK
 
@@ -92,7 +59,9 @@ def main() -> None:
     rows = []
     for case in fullsize.CASES:
         path = fullsize.FOLDER / case.name
-        result = run("photo-publish", path, "--stream", "--as-function")
+        result = child.capped(
+            "photo-publish", path, "--stream", "--as-function", cap_bytes=CAP_BYTES, timeout=TIMEOUT
+        )
         held = (result["peak_mb"] - result["floor_mb"]) * MB
         estimate = result.get("decode_bytes") or 0
         route = str(result.get("route", "-"))
@@ -118,7 +87,9 @@ def main() -> None:
     shared = sorted((row for row in rows if row["route"] == "shared"), key=lambda row: -row["estimate_mb"])[
         :2
     ]
-    pair = run("at-once", *(fullsize.FOLDER / row["case"] for row in shared))
+    pair = child.capped(
+        "at-once", *(fullsize.FOLDER / row["case"] for row in shared), cap_bytes=CAP_BYTES, timeout=TIMEOUT
+    )
     pair_held = (pair["peak_mb"] - pair["floor_mb"]) * MB
     pair_allowed = 2 * (budget.slot + slots.RENDER_WORK) + slots.HEAP_GROWTH
     pair_ok = all(r.get("code") is None for r in pair.get("results", [None])) and pair_held <= pair_allowed

@@ -56,32 +56,10 @@ def make_corpus() -> None:
 
 
 def measure(path: Path) -> dict[str, Any]:
-    """One render in a fresh, capped process: its JSON, or what happened to it instead."""
-    try:
-        out = subprocess.run(
-            [
-                "prlimit",
-                f"--as={CAP_BYTES}",
-                *child.command("photo-publish", path, "--stream", "--as-function"),
-            ],
-            capture_output=True,
-            text=True,
-            env=child.env(),
-            cwd=ROOT,
-            timeout=TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"code": f"timed out ({TIMEOUT} s)", "seconds": float(TIMEOUT), "peak_mb": float("nan")}
-    if out.returncode:
-        last = out.stderr.strip().splitlines()[-1:] or [""]
-        return {
-            "code": f"crashed ({out.returncode}): {last[0][:60]}",
-            "seconds": 0.0,
-            "peak_mb": float("nan"),
-        }
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    """One render in a fresh, capped process, as the process function renders it."""
+    return child.capped(
+        "photo-publish", path, "--stream", "--as-function", cap_bytes=CAP_BYTES, timeout=TIMEOUT
+    )
 
 
 def outcome(result: dict[str, Any]) -> str:

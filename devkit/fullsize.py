@@ -226,26 +226,10 @@ def decode_estimate(original: Readable, options: RenderOptions | None = None) ->
     raise AssertionError("render() went past a slot of -1 bytes")
 
 
-def write(folder: Path = FOLDER, cases: list[Case] = CASES) -> list[Path]:
-    """Each case's file in `folder` (made if missing), in the order of `cases`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for case in cases:
-        path = folder / case.name
-        if not path.exists():
-            partial = path.with_name(path.name + ".part")
-            partial.write_bytes(case.make())
-            partial.rename(path)
-        paths.append(path)
-    return paths
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise SystemExit("python -m devkit.fullsize <folder>: write every case of CASES not there yet")
-    for path in write(Path(argv[0])):
-        print(f"{path.stat().st_size:>12} {path.name}", flush=True)
+def write(folder: Path = FOLDER) -> list[Path]:
+    """Each case's file in `folder` (made if missing), in the order of CASES."""
+    return hostile.write(folder, CASES)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    hostile.main(sys.argv[1:], CASES, "devkit.fullsize")

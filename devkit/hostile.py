@@ -22,11 +22,11 @@ from __future__ import annotations
 import struct
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devkit import samples
 from photo_publish.image.heic import walk_boxes
@@ -885,7 +885,16 @@ def _p3_profile() -> bytes:
     )
 
 
-def write(folder: Path, cases: list[Case] = CASES) -> list[Path]:
+class Made(Protocol):
+    """A file a corpus makes: its name, and how (this module's Case, devkit/fullsize.py's)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def make(self) -> Callable[[], bytes]: ...
+
+
+def write(folder: Path, cases: Sequence[Made] = CASES) -> list[Path]:
     """Each case's file in `folder` (made if missing), in the order of `cases`."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -899,11 +908,11 @@ def write(folder: Path, cases: list[Case] = CASES) -> list[Path]:
     return paths
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], cases: Sequence[Made] = CASES, module: str = "devkit.hostile") -> None:
     if len(argv) != 1:
-        raise SystemExit("python -m devkit.hostile <folder>: write every case of CASES not there yet")
-    for path in write(Path(argv[0])):
-        print(f"{path.stat().st_size:>12} {path.name}")
+        raise SystemExit(f"python -m {module} <folder>: write every case of CASES not there yet")
+    for path in write(Path(argv[0]), cases):
+        print(f"{path.stat().st_size:>12} {path.name}", flush=True)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,25 @@ class Infra:
         bootstrap.reset()
         return self.settings
 
+    def use_queues(
+        self, name: str, *, max_receive_count: int = 5, visibility_timeout: int = 60, **overrides: Any
+    ) -> Settings:
+        """A fresh queue pair of its own (a redrive or a visibility the test needs) notified by the test
+        bucket, and the functions pointed at it (their MAX_RECEIVE_COUNT its redrive's), with
+        `overrides`."""
+        queues = stack.create_queues(
+            self.sqs, name, max_receive_count=max_receive_count, visibility_timeout=visibility_timeout
+        )
+        stack.notify(self.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        stack.drop_test_events(self.sqs, queues.url)
+        self.queues = queues
+        return self.configure(
+            process_queue_url=queues.url,
+            dead_letter_queue_url=queues.dead_letter_url,
+            max_receive_count=max_receive_count,
+            **overrides,
+        )
+
 
 @pytest.fixture
 def infra(

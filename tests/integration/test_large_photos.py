@@ -12,9 +12,6 @@ resident memory is read from the kernel before it is stopped.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,11 +19,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from devkit import samples, stack, uploads
+from devkit import samples, uploads
+from tests import crashworker
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.rows import photo
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 LARGE = {
     "jpeg-progressive-8000x6000.jpg": "shared",
     "jpeg-progressive-444-10000x10000.jpg": "shared",
@@ -53,16 +50,8 @@ def test_photos_at_the_pixel_limit_publish_through_the_handler_within_the_functi
     infra: Infra, db: Engine, fullsize_corpus: Path, tmp_path: Path
 ) -> None:
     # GIVEN a queue whose visibility outlasts a batch of 100 MP renders, and the function's settings
-    queues = stack.create_queues(
-        infra.sqs, f"large-{uuid.uuid4().hex[:12]}", max_receive_count=5, visibility_timeout=600
-    )
-    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
-    stack.drop_test_events(infra.sqs, queues.url)
-    infra.queues = queues
-    infra.configure(
-        process_queue_url=queues.url,
-        dead_letter_queue_url=queues.dead_letter_url,
-        aws_lambda_function_memory_size=MEMORY_MB,
+    infra.use_queues(
+        f"large-{uuid.uuid4().hex[:12]}", visibility_timeout=600, aws_lambda_function_memory_size=MEMORY_MB
     )
     # AND the photos uploaded before the worker starts, so that they arrive in one batch
     large = {
@@ -84,16 +73,8 @@ def test_photos_at_the_pixel_limit_publish_through_the_handler_within_the_functi
 
     # WHEN the real process handler works the queue, in its own process
     log_path = tmp_path / "worker.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT / 'functions' / 'process'}:{ROOT / 'shared'}:{ROOT}",
-        "WORKER_FUNCTION_TIMEOUT": "120",
-        "POWERTOOLS_LOG_LEVEL": "INFO",
-    }
     with log_path.open("wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "tests.crashworker"], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
+        worker = crashworker.start(log, WORKER_FUNCTION_TIMEOUT="120", POWERTOOLS_LOG_LEVEL="INFO")
         try:
             deadline = time.monotonic() + 600
             while not all(photo(db, photo_id)[0] != "uploaded" for photo_id in [*large, *small]):
