@@ -506,7 +506,7 @@ def test_a_heic_too_large_to_decode_whole_is_refused_from_its_header(
     # GIVEN a HEIC of 9000 x 9000 pixels (81 MP, under the pixel limit), whose decode would hold about
     # 4.5 bytes a pixel at once, 365 MB: in 9 x 9 tiles of 1024 (83 items, read by libvips), or in
     # 18 x 18 tiles of 512 (325 items, over what libvips reads); and the smallest function the
-    # template makes (512 MB: a render alone may hold 198 MB)
+    # template makes (512 MB: a render alone may hold 176 MB)
     one = hostile.coded_picture(samples.heic(upright.crop(0, 0, tile_size, tile_size), tile_size=0))
     across = -(-9000 // tile_size)
     data = hostile.heif(hostile.Grid(one, across, across, (9000, 9000)))

@@ -609,7 +609,7 @@ SMALLEST = DecodeBudget.of(memory_mb=512, records=4, renders=2)
 @pytest.mark.parametrize("name", BUFFER_BOMBS)
 def test_what_a_decoder_holds_at_once_is_bounded_from_the_header(name: str) -> None:
     # GIVEN a file under the pixel limit, of a kind its decoder holds whole in memory (or in big tiles),
-    # and the smallest function the template makes (512 MB: a render alone may hold 198 MB)
+    # and the smallest function the template makes (512 MB: a render alone may hold 176 MB)
     data = BUFFER_BOMBS[name]()
     options = RenderOptions().sharing(SMALLEST)
 
