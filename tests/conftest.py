@@ -101,6 +101,25 @@ class Infra:
         bootstrap.reset()
         return self.settings
 
+    def use_queues(
+        self, name: str, *, max_receive_count: int = 5, visibility_timeout: int = 60, **overrides: Any
+    ) -> Settings:
+        """A fresh queue pair of its own (a redrive or a visibility the test needs) notified by the test
+        bucket, and the functions pointed at it (their MAX_RECEIVE_COUNT its redrive's), with
+        `overrides`."""
+        queues = stack.create_queues(
+            self.sqs, name, max_receive_count=max_receive_count, visibility_timeout=visibility_timeout
+        )
+        stack.notify(self.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        stack.drop_test_events(self.sqs, queues.url)
+        self.queues = queues
+        return self.configure(
+            process_queue_url=queues.url,
+            dead_letter_queue_url=queues.dead_letter_url,
+            max_receive_count=max_receive_count,
+            **overrides,
+        )
+
 
 @pytest.fixture
 def infra(
@@ -130,3 +149,23 @@ def fast(infra: Infra) -> Infra:
     """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
     infra.configure(retry_base_seconds=1)
     return infra
+
+
+@pytest.fixture(scope="session")
+def fullsize_corpus() -> Path:
+    """devkit/fullsize.py's photos at the pixel limit, made in a child process where missing (making
+    them holds 100 MP pictures; a few minutes the first time, then kept in .local/fullsize)."""
+    import subprocess
+    import sys
+
+    from benchmarks import child
+    from devkit import fullsize
+
+    subprocess.run(
+        [sys.executable, "-m", "devkit.fullsize", str(fullsize.FOLDER)],
+        check=True,
+        cwd=stack.ROOT,
+        env=child.env(),
+        stdout=subprocess.DEVNULL,
+    )
+    return fullsize.FOLDER

@@ -378,27 +378,18 @@ def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
     infra: Infra, db: Engine
 ) -> None:
     # GIVEN a redrive policy that dead-letters at the third receive, and three attempts per job
-    from devkit import stack
-
-    queues = stack.create_queues(
-        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-r3", max_receive_count=3, visibility_timeout=60
-    )
-    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
-    stack.drop_test_events(infra.sqs, queues.url)
-    infra.queues = queues
     database_url = db.url.render_as_string(hide_password=False)
-    infra.configure(
-        retry_base_seconds=1,
+    infra.use_queues(
+        f"{infra.queues.url.rsplit('/', 1)[1]}-r3",
         max_receive_count=3,
-        process_queue_url=queues.url,
-        dead_letter_queue_url=queues.dead_letter_url,
+        retry_base_seconds=1,
         database_url="postgresql://postgres@127.0.0.1:9/none",
     )
 
     # WHEN a receive spends no attempt (the database refused connections), and then the first two
     # attempts fail transiently, the second at ApproximateReceiveCount 3
     shot = upload(infra, db)
-    poller = Poller(infra.sqs, queues.url, queues.arn, process.lambda_handler, wait_seconds=2)
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=2)
     poller.poll_once()
     assert (poller.failed, job(db, shot.photo_id)) == (1, ("pending", 0, None))
     infra.configure(database_url=database_url)

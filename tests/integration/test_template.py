@@ -34,6 +34,7 @@ from devkit import handlers, samples
 from devkit.poller import LambdaContext
 from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.events import from_sqs_body
+from photo_publish.image import slots
 from photo_publish.keys import original_key, variant_key
 from photo_publish.settings import Settings
 from tests.conftest import Infra
@@ -256,7 +257,6 @@ SHARED_NUMBERS = {
     "MAX_ORIGINAL_BYTES": "max_original_bytes",
     "MAX_INPUT_DIMENSION": "max_input_dimension",
     "MAX_INPUT_ROW_BYTES": "max_input_row_bytes",
-    "MAX_DECODE_BUFFER_BYTES": "max_decode_buffer_bytes",
     "RENDER_TIMEOUT_SECONDS": "render_timeout_seconds",
     "VARIANT_VERSION": "variant_version",
     "THUMB_SIZE": "thumb_size",
@@ -295,6 +295,27 @@ def test_every_number_the_code_knows_comes_from_the_mappings_with_the_settings_d
         for name in stack.functions():
             value = stack.function(name)["Environment"]["Variables"][variable]
             assert int(value) == DEFAULTS[setting], (name, variable)
+
+
+def test_what_a_render_may_hold_follows_the_process_functions_memory_which_lambda_passes(
+    stack: Stack,
+) -> None:
+    # GIVEN the process function's memory, a parameter, and the environment the template gives it
+    memory = stack.function("ProcessFunction")["MemorySize"]
+    variables = stack.function("ProcessFunction")["Environment"]["Variables"]
+
+    # THEN its default is the memory the code assumes where Lambda does not say (a render outside the
+    # function, sam local's default), and the template sets no number of its own for the decoders:
+    # Lambda passes the memory as AWS_LAMBDA_FUNCTION_MEMORY_SIZE, a variable it reserves
+    assert int(memory) == DEFAULTS["aws_lambda_function_memory_size"] == slots.TEMPLATE_MEMORY_MB
+    assert "AWS_LAMBDA_FUNCTION_MEMORY_SIZE" not in variables
+    assert not {name for name in variables if "DECODE" in name}
+    # AND the least memory the parameter allows still holds the default renders at once
+    least = int(document()["Parameters"]["ProcessMemorySize"]["MinValue"])
+    budget = slots.DecodeBudget.of(
+        memory_mb=least, records=DEFAULTS["record_concurrency"], renders=DEFAULTS["render_concurrency"]
+    )
+    assert budget.slot > 0
 
 
 def test_the_redrive_dead_letters_after_max_receive_count(stack: Stack) -> None:

@@ -319,7 +319,8 @@ def test_a_tls_mode_that_does_not_encrypt_is_refused() -> None:
 
 
 def test_the_render_gets_every_limit_the_settings_give() -> None:
-    # GIVEN settings whose every render limit differs from the pipeline's own default
+    # GIVEN settings whose every render limit differs from the pipeline's own default (the function's
+    # memory: what a decoder may hold)
     from dataclasses import fields
 
     from photo_publish.image.pipeline import RenderOptions
@@ -334,7 +335,7 @@ def test_the_render_gets_every_limit_the_settings_give() -> None:
         "MAX_INPUT_PIXELS": "50000000",
         "MAX_INPUT_DIMENSION": "20000",
         "MAX_INPUT_ROW_BYTES": "100000",
-        "MAX_DECODE_BUFFER_BYTES": "120000000",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "3008",
         "RENDER_TIMEOUT_SECONDS": "12",
     }
 
