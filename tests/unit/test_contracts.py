@@ -37,10 +37,20 @@ def variant(kind: str, **overrides: Any) -> dict[str, Any]:
     } | overrides
 
 
+# The responsive ladder (SPEC 18) in both formats, by width.
+LADDER = [
+    variant("w320-webp", width=320, height=200),
+    variant("w320-avif", width=320, height=200, content_type="image/avif"),
+    variant("w640-webp", width=640, height=400),
+    variant("w640-avif", width=640, height=400, content_type="image/avif"),
+]
+
+
 def payload(**overrides: Any) -> PhotoPublishedPayload:
     """A payload as the publish transaction writes it, with some fields changed.
 
-    `variants` is given as {kind: {field: value}}, so that a case can break one variant's field.
+    `variants` is given as {kind: {field: value}} and `ladder` as [{field: value}], so that a case
+    can break one variant's field.
     """
     fields: dict[str, Any] = {
         "photo_id": PHOTO_ID,
@@ -51,8 +61,11 @@ def payload(**overrides: Any) -> PhotoPublishedPayload:
         "height": 2500,
         "variants": {"thumb": variant("thumb"), "browse": variant("browse", width=2048, height=1280)},
         "placeholder": PLACEHOLDER,
+        "ladder": LADDER,
     }
     fields |= overrides
+    if isinstance(fields["ladder"], list):
+        fields["ladder"] = tuple(VariantRef(**ref) for ref in fields["ladder"])
     if isinstance(fields["placeholder"], tuple):  # (thumbhash, averageColor), built here to be refused
         fields["placeholder"] = Placeholder(*fields["placeholder"])
     refs = {kind: VariantRef(**ref) for kind, ref in fields.pop("variants").items()}
@@ -64,9 +77,10 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
     # WHEN it is turned into the outbox's JSON
     document = payload().to_json()
 
-    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder), camelCase, ids as strings
+    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder, SPEC 18's ladder), camelCase,
+    # ids as strings
     assert document == {
-        "schemaVersion": 2,
+        "schemaVersion": 3,
         "photoId": str(PHOTO_ID),
         "albumId": str(ALBUM_ID),
         "entityVersion": 2,
@@ -90,6 +104,21 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
             },
         },
         "placeholder": {"thumbhash": "1QcSHQRnh493V4dIh4eXh1h4kJUI", "averageColor": "#7d6a4f"},
+        "ladder": [
+            {
+                "key": f"{VARIANTS}/{kind}.webp",
+                "width": width,
+                "height": height,
+                "bytes": 12_345,
+                "contentType": content_type,
+            }
+            for kind, width, height, content_type in [
+                ("w320-webp", 320, 200, "image/webp"),
+                ("w320-avif", 320, 200, "image/avif"),
+                ("w640-webp", 640, 400, "image/webp"),
+                ("w640-avif", 640, 400, "image/avif"),
+            ]
+        ],
     }
 
 
@@ -138,10 +167,26 @@ THUMB = variant("thumb")
             "publishedAt must carry a time zone",
             id="naive-datetime",
         ),
-        pytest.param({"schema_version": 3}, "schemaVersion must be 1 or 2", id="unknown-schema-version"),
-        pytest.param({"schema_version": True}, "schemaVersion must be 1 or 2", id="schema-version-true"),
-        pytest.param({"placeholder": None}, "placeholder must be a Placeholder in schema 2", id="v2-without"),
-        pytest.param({"schema_version": 1}, "placeholder must be a Placeholder in schema 2", id="v1-with"),
+        pytest.param({"schema_version": 4}, "schemaVersion must be 1, 2 or 3", id="unknown-schema-version"),
+        pytest.param({"schema_version": True}, "schemaVersion must be 1, 2 or 3", id="schema-version-true"),
+        pytest.param(
+            {"placeholder": None}, "placeholder must be a Placeholder from schema 2 on", id="v3-without"
+        ),
+        pytest.param(
+            {"schema_version": 1}, "placeholder must be a Placeholder from schema 2 on", id="v1-with"
+        ),
+        pytest.param({"ladder": None}, "ladder must be a list from schema 3 on", id="v3-without-ladder"),
+        pytest.param({"schema_version": 2}, "ladder must be a list from schema 3 on", id="v2-with-ladder"),
+        pytest.param(
+            {"ladder": [LADDER[2], LADDER[0]]},
+            r"ladder must be ordered by width, got widths \[640, 320\]",
+            id="unordered",
+        ),
+        pytest.param(
+            {"ladder": [variant("w320-webp", size=0)]},
+            "bytes must be an integer of at least 1",
+            id="empty-step",
+        ),
         pytest.param(
             {"placeholder": ("not base64!", "#000000")},
             "placeholder.thumbhash must be a base64 ThumbHash",
@@ -262,10 +307,27 @@ BROWSE = document()["variants"]["browse"]
         ),
         pytest.param(document(variants=[BROWSE, BROWSE]), "variants must be an object", id="variants-a-list"),
         pytest.param(
-            document(schemaVersion=3), "schemaVersion must be 1 or 2, got 3$", id="schema-version-3"
+            document(schemaVersion=4), "schemaVersion must be 1, 2 or 3, got 4$", id="schema-version-4"
         ),
         pytest.param(
-            document(schemaVersion=1), "payload has unknown keys 'placeholder'$", id="v1-with-placeholder"
+            without(document(schemaVersion=1), "ladder"),
+            "payload has unknown keys 'placeholder'$",
+            id="v1-with-placeholder",
+        ),
+        pytest.param(document(schemaVersion=2), "payload has unknown keys 'ladder'$", id="v2-with-ladder"),
+        pytest.param(document(ladder={"w320-webp": BROWSE}), "ladder must be a list", id="ladder-an-object"),
+        pytest.param(
+            document(ladder=[without(BROWSE, "bytes")]), r"ladder\[0\] lacks bytes$", id="step-without-bytes"
+        ),
+        pytest.param(
+            document(ladder=[BROWSE | {"width": 640}, BROWSE | {"width": 320}]),
+            r"ladder must be ordered by width",
+            id="ladder-unordered",
+        ),
+        pytest.param(
+            document(ladder=[BROWSE | {"contentType": None}]),
+            r"ladder\[0\].contentType must be a string",
+            id="step-without-type",
         ),
         pytest.param(
             document(placeholder={"thumbhash": PLACEHOLDER.thumbhash}),
@@ -307,14 +369,37 @@ def test_a_consumer_refuses_a_document_that_breaks_the_contract(changed: Any, er
 
 def test_a_consumer_reads_schema_version_1_documents_too() -> None:
     # GIVEN a document written before placeholders (schema version 1: no placeholder key)
-    old = without(document(schemaVersion=1), "placeholder")
+    old = without(without(document(schemaVersion=1), "placeholder"), "ladder")
 
     # WHEN a consumer reads it
     read = PhotoPublishedPayload.from_json(old)
 
     # THEN it is that version's payload, with no placeholder, and it writes back the same document
-    assert (read.schema_version, read.placeholder) == (1, None)
+    assert (read.schema_version, read.placeholder, read.ladder) == (1, None, None)
     assert read.to_json() == old
+
+
+def test_a_consumer_reads_schema_version_2_documents_too() -> None:
+    # GIVEN a document written before the ladder (schema version 2: a placeholder, no ladder key)
+    old = without(document(schemaVersion=2), "ladder")
+
+    # WHEN a consumer reads it
+    read = PhotoPublishedPayload.from_json(old)
+
+    # THEN it is that version's payload, with its placeholder and no ladder, written back the same
+    assert (read.schema_version, read.placeholder, read.ladder) == (2, PLACEHOLDER, None)
+    assert read.to_json() == old
+
+
+def test_a_recipe_without_a_ladder_writes_schema_3_with_an_empty_ladder() -> None:
+    # GIVEN a photo rendered with VARIANT_WIDTHS=none
+    written = payload(ladder=()).to_json()
+
+    # WHEN a consumer reads it back
+    read = PhotoPublishedPayload.from_json(json.loads(json.dumps(written)))
+
+    # THEN it is schema 3 with an empty list: the key is there whatever the recipe
+    assert (written["schemaVersion"], written["ladder"], read.ladder) == (3, [], ())
 
 
 @pytest.mark.parametrize("changed", [None, [], "payload"], ids=["null", "list", "text"])
