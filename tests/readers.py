@@ -32,3 +32,40 @@ def webp_chunks(data: bytes) -> list[bytes]:
         chunks.append(data[offset : offset + 4])
         offset += 8 + size + (size & 1)
     return chunks
+
+
+# ISO-BMFF boxes that hold other boxes, on the way to a HEIF's item types and colour boxes.
+_HEIF_CONTAINERS = {b"meta": 4, b"iinf": None, b"iprp": 0, b"ipco": 0}
+
+
+def heif_metadata(data: bytes) -> dict[str, list[bytes]]:
+    """What an AVIF (HEIF) file holds beside its pixels: its items' types (`av01` is a picture;
+    `Exif`, and `mime` for XMP, are metadata) and its colour boxes' types (`nclx` names the colour
+    space; `prof` and `rICC` embed an ICC profile)."""
+    found: dict[str, list[bytes]] = {"items": [], "colours": []}
+
+    def walk(start: int, end: int) -> None:
+        offset = start
+        while offset + 8 <= end:
+            size, kind = int.from_bytes(data[offset : offset + 4], "big"), data[offset + 4 : offset + 8]
+            header = 8
+            if size == 1:
+                size, header = int.from_bytes(data[offset + 8 : offset + 16], "big"), 16
+            size = size or end - offset
+            body = offset + header
+            if kind == b"iinf":
+                version = data[body]
+                walk(body + 4 + (2 if version == 0 else 4), offset + size)
+            elif kind == b"infe":
+                version = data[body]
+                if version >= 2:  # full box, item id (2 or 4 bytes), protection index, then the type
+                    id_bytes = 2 if version == 2 else 4
+                    found["items"].append(data[body + 4 + id_bytes + 2 : body + 4 + id_bytes + 6])
+            elif kind == b"colr":
+                found["colours"].append(data[body : body + 4])
+            elif kind in _HEIF_CONTAINERS:
+                walk(body + (_HEIF_CONTAINERS[kind] or 0), offset + size)
+            offset += size
+
+    walk(0, len(data))
+    return found
