@@ -750,7 +750,7 @@ class Run:
     def worker_env(self, settings: Settings, proxy_url: str) -> dict[str, str]:
         """What the template sets on the functions, with every AWS call going through the proxy."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
-        env |= {name.upper(): str(value) for name, value in asdict(settings).items() if value is not None}
+        env |= settings.environment()
         return env | {
             "AWS_ENDPOINT_URL": proxy_url,
             "POWERTOOLS_SERVICE_NAME": "photo-publish",

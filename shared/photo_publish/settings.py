@@ -211,6 +211,15 @@ class Settings:
             raise InvalidSettings("; ".join(problems))
         return cls(**values)
 
+    def environment(self) -> dict[str, str]:
+        """The variables `from_env` reads back as these settings (unset ones left out): what the
+        template sets, for a function run in another process or in-process by the tools and tests."""
+        return {
+            spec.name.upper(): _text(value)
+            for spec in fields(self)
+            if (value := getattr(self, spec.name)) is not None
+        }
+
     @property
     def originals_prefix(self) -> str:
         return f"{self.stage}/originals/"
@@ -224,6 +233,12 @@ class Settings:
     def backoff_seconds(self, attempt: int) -> int:
         """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
         return int(self.retry_base_seconds * 2 ** max(attempt - 1, 0))
+
+
+def _text(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) if value else "none"
+    return str(value)
 
 
 def _parse_sizes(text: str) -> tuple[int, ...]:

@@ -22,6 +22,13 @@ from tests.polling import poll_until, process
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg")
 
 
+@pytest.fixture(autouse=True)
+def before_the_ladder(infra: Infra) -> None:
+    """Photos published at version 1, the recipe before the responsive ladder (thumb and browse
+    alone): where every deployment's photos are before they are backfilled to a newer recipe."""
+    infra.configure(variant_version=1, variant_widths=())
+
+
 def publish_all(infra: Infra, db: Engine, names: tuple[str, ...] = PHOTOS) -> list[UUID]:
     shots = [
         uploads.upload(db, infra.s3, BUCKET, STAGE, file_name=n, data=(samples.IMAGES / n).read_bytes())

@@ -17,7 +17,6 @@ import subprocess
 import textwrap
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +164,7 @@ def function_env(infra: Infra) -> dict[str, str]:
     """The environment the template gives the functions, pointing at this test's stack."""
     import os
 
-    env = {name.upper(): str(value) for name, value in asdict(infra.settings).items() if value is not None}
+    env = infra.settings.environment()
     env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     env |= {
         "PATH": "/usr/bin:/bin",

@@ -20,7 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -561,9 +561,8 @@ def test_the_real_handler_keeps_the_invariants(
         sweep_after_seconds=600,
     )
     # The functions' environment, as the template sets it, for bootstrap to build the real parts.
-    for name, value in asdict(base).items():
-        if value is not None:
-            monkeypatch.setenv(name.upper(), str(value))
+    for name, value in base.environment().items():
+        monkeypatch.setenv(name, value)
     bootstrap.reset()
     RealHandlerMachine.engine, RealHandlerMachine.base = db, base
     RealHandlerMachine.s3, RealHandlerMachine.sqs, RealHandlerMachine.queues = s3, sqs, queues

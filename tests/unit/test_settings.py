@@ -388,3 +388,13 @@ def test_a_ladder_the_pipeline_cannot_render_is_refused_at_start(
     # WHEN / THEN the settings refuse it at cold start, naming the variable
     with pytest.raises(InvalidSettings, match=problem):
         Settings.from_env(REQUIRED | environ)
+
+
+@pytest.mark.parametrize("widths", ["320,640,960,1280", "none", "480"])
+def test_settings_written_as_an_environment_read_back_the_same(widths: str) -> None:
+    # GIVEN settings with a ladder (or none) in both formats
+    settings = Settings.from_env(REQUIRED | {"VARIANT_WIDTHS": widths, "VARIANT_FORMATS": "webp,avif"})
+
+    # WHEN they are written as the functions' environment (tools, tests) and read back
+    # THEN they are the same settings
+    assert Settings.from_env(settings.environment()) == settings
