@@ -1,6 +1,6 @@
 """One measurement in a fresh Python process: every Python peer of the benchmarks, written once.
 
-    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH]
+    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--formats F] [--browse-to PATH]
     python -m benchmarks.child over-time <trim-every> <photo>...
 
 The benchmarks (compare, heic, memory, report) start one interpreter per measurement through
@@ -16,7 +16,8 @@ peer's imports, then times the peer's run alone (not the interpreter's start, th
 imports), then writes the browse to --browse-to if asked, then reads its peak resident memory.
 Peers:
 - photo-publish: render(stream, RenderOptions()) from shared/photo_publish/image/pipeline.py (pyvips);
-  --max-pixels raises or lowers its pixel limit; a refusal (PhotoError) is the outcome, its code;
+  --max-pixels raises or lowers its pixel limit; --formats sets its ladder's (VARIANT_FORMATS, as
+  "webp,avif"); a refusal (PhotoError) is the outcome, its code;
 - pyvips-2dec: pyvips making each variant from the original, thumbnail_buffer() then WebP Q80
   (libvips' default effort), cache off: what the original worker did with sharp, on this libvips;
 - pillow: draft mode (a JPEG decodes at the smallest 1/2^n scale still >= 2048), exif_transpose,
@@ -122,11 +123,15 @@ def _variants(outputs: dict[str, bytes], browse_size: tuple[int, int]) -> dict[s
 
 
 def photo_publish(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    from dataclasses import replace
+
     from photo_publish.errors import PhotoError
     from photo_publish.image.pipeline import RenderOptions, render
 
-    limit = options.get("max-pixels")
+    limit, formats = options.get("max-pixels"), options.get("formats")
     render_options = RenderOptions() if limit is None else RenderOptions(max_input_pixels=int(limit))
+    if formats is not None:
+        render_options = replace(render_options, variant_formats=tuple(formats.split(",")))
 
     def run() -> dict[str, Any]:
         with io.BytesIO(data) if data is not None else open(path, "rb") as stream:  # noqa: PTH123
@@ -271,13 +276,13 @@ def over_time(trim_every: int, paths: list[str]) -> dict[str, Any]:
 
 
 def _options(args: list[str]) -> dict[str, str]:
-    """--stream, --max-pixels N, --browse-to PATH (no argparse: its imports would sit in every floor)."""
+    """--stream, --max-pixels N, --formats F, --browse-to PATH (no argparse: its imports would sit in every floor)."""
     options: dict[str, str] = {}
     while args:
         name = args.pop(0)
         if name == "--stream":
             options["stream"] = ""
-        elif name in ("--max-pixels", "--browse-to") and args:
+        elif name in ("--max-pixels", "--formats", "--browse-to") and args:
             options[name.removeprefix("--")] = args.pop(0)
         else:
             raise SystemExit(f"unknown option {name!r} (see benchmarks/child.py)")

@@ -8,7 +8,8 @@ with huge canvases, each limit's default met and just passed, and the phones' HE
 Each input is rendered in a fresh process (benchmarks/child.py's photo-publish peer, --stream: the
 file read as a stream, as S3's body is; MALLOC_ARENA_MAX=2; the default limits), under an address
 space cap of 4 GB so that a bomb that got through costs that process, not the machine, and a
-timeout of 60 s. Each prints its outcome (the browse's size, or the code of its refusal), its
+timeout of 60 s. The ladder is rendered in both formats (--formats webp,avif; BENCH_VARIANT_FORMATS
+changes it): AVIF's encoder is the costliest configuration the bounds must hold for. Each prints its outcome (the browse's size, or the code of its refusal), its
 render's seconds and its peak resident memory (VmHWM, the interpreter and imports included).
 
 Verdict: every input refused with a code or rendered, none crashed or timed out, each at the
@@ -19,6 +20,7 @@ outcome its case expects, with peak < 400 MB and < 10 s. Results go to
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,7 @@ RESULTS = ROOT / ".local" / "bench-results"
 PEAK_MB, SECONDS = 400, 10
 CAP_BYTES = 4 << 30  # address space: libvips' threads and arenas reserve far more than they touch
 TIMEOUT = 60
+FORMATS = os.environ.get("BENCH_VARIANT_FORMATS", "webp,avif")
 
 
 def make_corpus() -> None:
@@ -51,7 +54,11 @@ def measure(path: Path) -> dict[str, Any]:
     """One render in a fresh, capped process: its JSON, or what happened to it instead."""
     try:
         out = subprocess.run(
-            ["prlimit", f"--as={CAP_BYTES}", *child.command("photo-publish", path, "--stream")],
+            [
+                "prlimit",
+                f"--as={CAP_BYTES}",
+                *child.command("photo-publish", path, "--stream", "--formats", FORMATS),
+            ],
             capture_output=True,
             text=True,
             env=child.env(),
@@ -101,7 +108,7 @@ def main() -> None:
         f"{len(rows)} hostile inputs, each rendered in a fresh process, {PEAK_MB} MB and {SECONDS} s allowed; "
         f"the default limits: {limits.max_input_pixels:,} pixels, {limits.max_input_dimension:,} a side, "
         f"rows of {limits.max_input_row_bytes:,} bytes, decode buffers of {limits.max_decode_buffer_bytes:,} "
-        f"bytes, {limits.render_timeout_seconds:g} s"
+        f"bytes, {limits.render_timeout_seconds:g} s; the ladder {limits.variant_widths} in {FORMATS}"
     )
     print(f"{'input':44}{'file bytes':>12}  {'outcome':24}{'peak MB':>8}{'seconds':>9}  note")
     for row in rows:

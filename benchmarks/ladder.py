@@ -424,11 +424,16 @@ def verdict(label: str, value: float, target: float, unit: str = "x") -> None:
 
 
 def main() -> None:
-    print("part 1: the AVIF curve", flush=True)
-    curves = curve()
+    saved = RESULTS / "ladder-curve.json"
+    if sys.argv[1:] == ["rest"]:  # parts 2 and 3, part 1 read from its last run
+        curves = json.loads(saved.read_text())
+    else:
+        print("part 1: the AVIF curve", flush=True)
+        curves = curve()
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(curves, indent=1))
     print_curve(curves)
     if sys.argv[1:] == ["curve"]:  # part 1 alone: choosing the settings
-        (RESULTS / "ladder-curve.json").write_text(json.dumps(curves, indent=1))
         return
     print("\npart 2: the cost", flush=True)
     cost = costs()

@@ -54,8 +54,11 @@ def _formats() -> dict[str, _Rule]:
     return {"rule": lambda value: None if value in allowed else "must be webp or webp,avif"}
 
 
-# The AVIF encoder's defaults (benchmarks/ladder.py chose them; RenderOptions shares them).
-AVIF_QUALITY = 52
+# The AVIF encoder's defaults (RenderOptions shares them). benchmarks/ladder.py, at equal SSIMULACRA2
+# to WebP's quality 80 effort 2: effort 0 at quality 52 is 78% of WebP's bytes for 1.2x its encode
+# time, effort 1 at 51 73% for 3.4x, effort 2 70% for 6.7x, effort 4 61% for 46x. Effort 1 is the
+# most that keeps the ladder in both formats within 2x the two-variant render (docs/variants.md).
+AVIF_QUALITY = 51
 AVIF_EFFORT = 1
 
 # A claim older than this is its dead worker's; a dead letter's sender holds it as long (SPEC 5).
