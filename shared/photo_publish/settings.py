@@ -56,10 +56,10 @@ def _formats() -> dict[str, _Rule]:
 
 # The AVIF encoder's defaults (RenderOptions shares them). benchmarks/ladder.py, at equal SSIMULACRA2
 # to WebP's quality 80 effort 2: effort 0 at quality 52 is 78% of WebP's bytes for 1.2x its encode
-# time, effort 1 at 51 73% for 3.4x, effort 2 70% for 6.7x, effort 4 61% for 46x. Effort 1 is the
-# most that keeps the ladder in both formats within 2x the two-variant render (docs/variants.md).
-AVIF_QUALITY = 51
-AVIF_EFFORT = 1
+# time, effort 1 at 51 73% for 3.4x, effort 2 70% for 6.7x, effort 4 61% for 46x. Only effort 0
+# keeps the ladder in both formats within 2x the two-variant render (effort 1: 3x; docs/variants.md).
+AVIF_QUALITY = 52
+AVIF_EFFORT = 0
 
 # A claim older than this is its dead worker's; a dead letter's sender holds it as long (SPEC 5).
 STALE_AFTER_SECONDS = 300
@@ -147,12 +147,13 @@ class Settings:
     webp_effort: int = field(default=2, metadata=_between(0, 6))  # see RenderOptions.effort
     # Version 2: the recipe with the responsive ladder (SPEC 18); 1 rendered thumb and browse alone.
     variant_version: int = field(default=2, metadata=_between(1))
-    # The responsive ladder (SPEC 18): long edges in pixels, each rendered from the browse already in
-    # memory, at most BROWSE_SIZE ("none": no ladder). 320 to 1280 covers the widths srcset picks
-    # among on phones to laptops (Next.js' 640-1200, the image handlers' 320-1280); the browse is
-    # the step above, so 1920 (which costs as much to encode as the rest together) is left out.
-    # See docs/variants.md for the numbers.
-    variant_widths: tuple[int, ...] = field(default=(320, 640, 960, 1280), metadata=_ladder())
+    # The responsive ladder (SPEC 18): long edges in pixels, each resized from the browse already in
+    # memory, at most BROWSE_SIZE ("none": no ladder). With the thumb (400) below it: 640 (phones at
+    # 2x, a laptop's content column), 1280 (phones at 3x, 1x screens), 2048 (the browse itself, no
+    # second encode in WebP): steps 1.6-2x apart, as sites' srcsets run (Next.js' 640-2048). The
+    # benchmark's numbers: this ladder costs 1.2x the two-variant render; 320,640,960,1280 cost
+    # 1.4-1.5x (docs/variants.md).
+    variant_widths: tuple[int, ...] = field(default=(640, 1280, 2048), metadata=_ladder())
     # The ladder's formats: "webp", or "webp,avif" for the same ladder in AVIF too (thumb and browse
     # stay WebP).
     variant_formats: tuple[str, ...] = field(default=("webp",), metadata=_formats())

@@ -60,9 +60,11 @@ def test_an_uploaded_photo_is_published_with_variants_rows_and_one_outbox_event(
     assert set(variants) == {"thumb", "browse", *ladder}
     version = infra.settings.variant_version
     for kind, variant in variants.items():
+        # (the ladder's step at the browse's size is the browse object, stored once)
+        own = "browse" if kind == "w2048-webp" else kind
         assert (
             variant.storage_key
-            == f"{STAGE}/albums/{upload.album_id}/variants/{upload.photo_id}/{version}/{kind}.webp"
+            == f"{STAGE}/albums/{upload.album_id}/variants/{upload.photo_id}/{version}/{own}.webp"
         )
         head = infra.s3.head_object(Bucket=BUCKET, Key=variant.storage_key)
         assert head["ContentType"] == "image/webp"

@@ -108,7 +108,7 @@ class RenderOptions:
     effort: int = 2
     # The responsive ladder (SPEC 18): long edges, each resized from the browse in memory, and the
     # formats each is encoded in (settings.py says why these).
-    variant_widths: tuple[int, ...] = (320, 640, 960, 1280)
+    variant_widths: tuple[int, ...] = (640, 1280, 2048)
     variant_formats: tuple[str, ...] = ("webp",)
     avif_quality: int = AVIF_QUALITY
     avif_effort: int = AVIF_EFFORT
@@ -139,6 +139,9 @@ class RenderedVariant:
     height: int
     content_type: str = "image/webp"
     extension: str = "webp"
+    # The variant whose object this one is (the ladder's WebP step at the browse's size is the
+    # browse): stored once, under that variant's key.
+    same_as: VariantKind | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,8 +492,8 @@ def _ladder(
     """The ladder's steps, each resized from the browse in memory (never a second decode), smallest
     first; each step in every format, in the configured order.
 
-    A step at the browse's own size is the browse: its WebP is the browse's bytes (the same pixels
-    and settings), not a second encode.
+    A step at the browse's own size is the browse: its WebP is the browse itself (the same pixels
+    and settings), neither encoded nor stored twice.
     """
     long_edge = max(browse.width, browse.height)
     variants = []
@@ -500,7 +503,7 @@ def _ladder(
         for image_format in options.variant_formats:
             kind = ladder_kind(size, image_format)
             if image is browse and image_format == "webp":
-                variants.append(replace(browse_webp, kind=kind))
+                variants.append(replace(browse_webp, kind=kind, same_as=browse_webp.kind))
             else:
                 variants.append(_encoded(kind, image, image_format, options, deadline))
     return variants

@@ -259,7 +259,7 @@ class PhotoService:
                     photo.album_id,
                     photo.id,
                     version=settings.variant_version,
-                    kind=variant.kind,
+                    kind=variant.same_as or variant.kind,
                     ext=variant.extension,
                 ),
                 variant.width,
@@ -269,10 +269,12 @@ class PhotoService:
             )
             for variant in rendered.variants
         ]
+        # A variant that is another's object (the ladder's step at the browse's size) is put once.
         self._put_variants(
             [
                 (put.key, variant.data, put.content_type)
                 for put, variant in zip(stored, rendered.variants, strict=True)
+                if variant.same_as is None
             ]
         )
 
@@ -309,7 +311,7 @@ class PhotoService:
             photo.id,
             attempt=attempt,
             steps=steps,
-            variant_bytes=sum(v.size for v in stored),
+            variant_bytes=sum({v.key: v.size for v in stored}.values()),
             handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
         )
 

@@ -122,10 +122,13 @@ def replace_variants(
         exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
         return PublishResult("already" if exists else "skipped")
     old_keys = connection.scalars(
-        select(photo_variants.c.storage_key).where(
+        select(photo_variants.c.storage_key)
+        .where(
             photo_variants.c.photo_id == photo_id,
             photo_variants.c.storage_key.not_in([v.key for v in variants]),
         )
+        # two rows may name one object (the ladder's step at the browse's size)
+        .distinct()
     ).all()
     _store_variants(connection, photo_id, variants, variant_version)
     payload, event_id = _append_event(
