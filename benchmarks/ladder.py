@@ -401,26 +401,21 @@ def plot(curves: dict[str, Any], steps: dict[str, Any]) -> Path:
     by_width.legend(loc="upper left")
     score_axis.legend(loc="lower right")
 
-    pictures_ = curves["pictures"]
-    webp_bytes = sum(e["webp"]["bytes"] for e in pictures_.values())
-    webp_score = statistics.median(e["webp"]["score"] for e in pictures_.values())
-    for effort in EFFORTS:
-        points = [entry[f"avif-e{effort}"] for entry in pictures_.values()]
-        scores = [statistics.median(p[i][1] for p in points) for i in range(len(QUALITIES))]
-        sizes = [sum(p[i][2] for p in points) / webp_bytes for i in range(len(QUALITIES))]
-        by_score.plot(scores, sizes, "o-", label=f"AVIF effort {effort}")
-        for quality, x, y in zip(QUALITIES, scores, sizes, strict=True):
-            if effort == 0:
-                by_score.annotate(
-                    f"q{quality}", (x, y), textcoords="offset points", xytext=(-10, 6), fontsize=8
-                )
-    by_score.plot(
-        [webp_score], [1.0], "k*", markersize=14, label=f"WebP q{DEFAULTS.quality} e{DEFAULTS.effort}"
-    )
+    summary = curves["summary"]
+    costs_ = [summary[str(e)]["seconds_ratio"] for e in EFFORTS]
+    sizes = [summary[str(e)]["bytes_ratio"] for e in EFFORTS]
+    by_score.plot(costs_, sizes, "o-", color="tab:orange", label="AVIF at WebP's SSIMULACRA2")
+    for effort, x, y in zip(EFFORTS, costs_, sizes, strict=True):
+        quality = summary[str(effort)]["quality"]
+        by_score.annotate(
+            f"effort {effort}, q{quality:.0f}", (x, y), textcoords="offset points", xytext=(6, 4)
+        )
+    by_score.plot([1.0], [1.0], "k*", markersize=14, label=f"WebP q{DEFAULTS.quality} e{DEFAULTS.effort}")
+    by_score.set_xscale("log")
     by_score.set(
-        xlabel="SSIMULACRA2 (median over pictures)",
-        ylabel="bytes, relative to WebP's",
-        title=f"AVIF's curve at long edge {CURVE_EDGE}",
+        xlabel="encode CPU time, relative to WebP's (log)",
+        ylabel="bytes at equal SSIMULACRA2, relative to WebP's",
+        title=f"AVIF's curve at long edge {CURVE_EDGE} ({len(curves['pictures'])} pictures)",
     )
     by_score.grid(alpha=0.3)
     by_score.legend(fontsize=8)
