@@ -151,8 +151,8 @@ class Settings:
     # memory, at most BROWSE_SIZE ("none": no ladder). With the thumb (400) below it: 640 (phones at
     # 2x, a laptop's content column), 1280 (phones at 3x, 1x screens), 2048 (the browse itself, no
     # second encode in WebP): steps 1.6-2x apart, as sites' srcsets run (Next.js' 640-2048). The
-    # benchmark's numbers: this ladder costs 1.2x the two-variant render; 320,640,960,1280 cost
-    # 1.4-1.5x (docs/variants.md).
+    # benchmark's numbers: this ladder costs 1.3x the two-variant render's CPU; 320,640,960,1280
+    # cost 1.4x, over the 1.35x this project allows the ladder (docs/variants.md).
     variant_widths: tuple[int, ...] = field(default=(640, 1280, 2048), metadata=_ladder())
     # The ladder's formats: "webp", or "webp,avif" for the same ladder in AVIF too (thumb and browse
     # stay WebP).
@@ -326,6 +326,9 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
     ):
         # The ladder is made from the browse: a larger step would only ever be the browse's size again.
         problems.append(f"VARIANT_WIDTHS ({widths}) must not exceed BROWSE_SIZE ({browse})")
+    if values.get("variant_formats") == ("webp", "avif") and widths == ():
+        # AVIF is the ladder's alone: with no ladder it would render nothing, silently.
+        problems.append("VARIANT_FORMATS webp,avif needs a ladder (VARIANT_WIDTHS is none)")
     if values.get("db_sslmode", "require") != "require" and not values.get("db_sslrootcert"):
         problems.append("DB_SSLMODE verify-ca and verify-full need DB_SSLROOTCERT (the CA bundle's path)")
     return problems

@@ -379,6 +379,10 @@ def test_the_ladder_and_its_formats_are_read_from_comma_separated_lists() -> Non
         ({"VARIANT_FORMATS": "avif"}, "VARIANT_FORMATS must be webp or webp,avif"),
         ({"VARIANT_FORMATS": "webp,jpeg"}, "VARIANT_FORMATS must be webp or webp,avif"),
         ({"AVIF_EFFORT": "10"}, "AVIF_EFFORT must be between 0 and 9"),
+        (
+            {"VARIANT_WIDTHS": "none", "VARIANT_FORMATS": "webp,avif"},
+            "VARIANT_FORMATS webp,avif needs a ladder",
+        ),
     ],
 )
 def test_a_ladder_the_pipeline_cannot_render_is_refused_at_start(
@@ -390,10 +394,12 @@ def test_a_ladder_the_pipeline_cannot_render_is_refused_at_start(
         Settings.from_env(REQUIRED | environ)
 
 
-@pytest.mark.parametrize("widths", ["320,640,960,1280", "none", "480"])
-def test_settings_written_as_an_environment_read_back_the_same(widths: str) -> None:
-    # GIVEN settings with a ladder (or none) in both formats
-    settings = Settings.from_env(REQUIRED | {"VARIANT_WIDTHS": widths, "VARIANT_FORMATS": "webp,avif"})
+@pytest.mark.parametrize(
+    ("widths", "formats"), [("320,640,960,1280", "webp,avif"), ("480", "webp,avif"), ("none", "webp")]
+)
+def test_settings_written_as_an_environment_read_back_the_same(widths: str, formats: str) -> None:
+    # GIVEN settings with a ladder in both formats, or none
+    settings = Settings.from_env(REQUIRED | {"VARIANT_WIDTHS": widths, "VARIANT_FORMATS": formats})
 
     # WHEN they are written as the functions' environment (tools, tests) and read back
     # THEN they are the same settings
