@@ -69,3 +69,28 @@ def heif_metadata(data: bytes) -> dict[str, list[bytes]]:
 
     walk(0, len(data))
     return found
+
+
+# libvips' fields for metadata a file carries, and the WebP chunks that are its pixels alone.
+METADATA_FIELDS = ("exif-data", "xmp-data", "icc-profile-data", "iptc-data")
+WEBP_PIXEL_CHUNKS = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH"})
+
+
+def metadata_in(data: bytes) -> set[str]:
+    """What a WebP or AVIF variant holds beside its pixels: libvips' metadata fields, WebP chunks
+    other than pixels, HEIF items other than AV1 pictures (`Exif`, `mime` for XMP) and colour boxes
+    that embed an ICC profile. Empty for a variant with no metadata at all."""
+    import pyvips
+
+    found = {
+        str(name) for name in set(pyvips.Image.new_from_buffer(data, "").get_fields()) & set(METADATA_FIELDS)
+    }
+    if b"Exif" in data:
+        found.add("Exif bytes")
+    if data[:4] == b"RIFF":
+        found |= {chunk.decode() for chunk in set(webp_chunks(data)) - WEBP_PIXEL_CHUNKS}
+    else:
+        held = heif_metadata(data)
+        found |= {item.decode(errors="replace") for item in set(held["items"]) - {b"av01"}}
+        found |= {colour.decode() for colour in set(held["colours"]) & {b"prof", b"rICC"}}
+    return found
