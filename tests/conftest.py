@@ -125,6 +125,14 @@ def infra(
 
 
 @pytest.fixture
+def recipe_before_the_ladder(infra: Infra) -> Infra:
+    """Photos published at version 1, the recipe before the responsive ladder (thumb and browse
+    alone): where every deployment's photos are before a backfill moves them to a newer recipe."""
+    infra.configure(variant_version=1, variant_widths=())
+    return infra
+
+
+@pytest.fixture
 def fast(infra: Infra) -> Infra:
     """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
     infra.configure(retry_base_seconds=1)

@@ -21,12 +21,8 @@ from tests.polling import poll_until, process
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg")
 
-
-@pytest.fixture(autouse=True)
-def before_the_ladder(infra: Infra) -> None:
-    """Photos published at version 1, the recipe before the responsive ladder (thumb and browse
-    alone): where every deployment's photos are before they are backfilled to a newer recipe."""
-    infra.configure(variant_version=1, variant_widths=())
+# Each test starts from the recipe before the ladder, as version 1, and moves to a version 2.
+pytestmark = pytest.mark.usefixtures("recipe_before_the_ladder")
 
 
 def publish_all(infra: Infra, db: Engine, names: tuple[str, ...] = PHOTOS) -> list[UUID]:
