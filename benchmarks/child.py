@@ -1,6 +1,6 @@
 """One measurement in a fresh Python process: every Python peer of the benchmarks, written once.
 
-    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH] [--as-function]
+    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH] [--formats F] [--as-function]
     python -m benchmarks.child over-time <trim-every> <photo>...
     python -m benchmarks.child at-once <photo>...
 
@@ -20,7 +20,8 @@ Peers:
   --max-pixels raises or lowers its pixel limit; a refusal (PhotoError) is the outcome, its code;
   --as-function (with --stream): rendered as the process function does, at the template's memory
   (devkit/fullsize.py's render_as_the_function: in a shared slot, or again alone), its route added,
-  and, once the peak is read, what its header said it would hold (decode_bytes);
+  and, once the peak is read, what its header said it would hold (decode_bytes); --formats sets its
+  ladder's formats (VARIANT_FORMATS, as "webp,avif");
 - pyvips-2dec: pyvips making each variant from the original, thumbnail_buffer() then WebP Q80
   (libvips' default effort), cache off: what the original worker did with sharp, on this libvips;
 - pillow: draft mode (a JPEG decodes at the smallest 1/2^n scale still >= 2048), exif_transpose,
@@ -166,15 +167,20 @@ def _variants(outputs: dict[str, bytes], browse_size: tuple[int, int]) -> dict[s
 
 
 def photo_publish(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    from dataclasses import replace
+
     from photo_publish.errors import PhotoError
     from photo_publish.image.pipeline import RenderOptions, render
 
+    limit, formats = options.get("max-pixels"), options.get("formats")
     if "as-function" in options:
         from devkit.fullsize import render_as_the_function
 
-        return lambda: render_as_the_function(path)
-    limit = options.get("max-pixels")
+        chosen = None if formats is None else tuple(formats.split(","))
+        return lambda: render_as_the_function(path, formats=chosen)
     render_options = RenderOptions() if limit is None else RenderOptions(max_input_pixels=int(limit))
+    if formats is not None:
+        render_options = replace(render_options, variant_formats=tuple(formats.split(",")))
 
     def run() -> dict[str, Any]:
         with io.BytesIO(data) if data is not None else open(path, "rb") as stream:  # noqa: PTH123
@@ -342,13 +348,13 @@ def at_once(paths: list[str]) -> dict[str, Any]:
 
 
 def _options(args: list[str]) -> dict[str, str]:
-    """--stream, --max-pixels N, --browse-to PATH (no argparse: its imports would sit in every floor)."""
+    """--stream, --max-pixels N, --formats F, --browse-to PATH (no argparse: its imports would sit in every floor)."""
     options: dict[str, str] = {}
     while args:
         name = args.pop(0)
         if name in ("--stream", "--as-function"):
             options[name.removeprefix("--")] = ""
-        elif name in ("--max-pixels", "--browse-to") and args:
+        elif name in ("--max-pixels", "--formats", "--browse-to") and args:
             options[name.removeprefix("--")] = args.pop(0)
         else:
             raise SystemExit(f"unknown option {name!r} (see benchmarks/child.py)")

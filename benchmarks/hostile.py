@@ -13,6 +13,8 @@ header says more than a slot, alone), under an address space cap of 4 GB so that
 through costs that process, not the machine, and a timeout of 60 s. Each prints its outcome (the
 browse's size, or the code of its refusal), its route, its render's seconds, its peak resident
 memory (VmHWM) and its floor (the resident set before the render, imports done).
+The ladder is rendered in both formats (--formats webp,avif; BENCH_VARIANT_FORMATS changes it):
+AVIF's encoder is the costliest configuration the bounds must hold for.
 
 Verdict: every input refused with a code or rendered, none crashed or timed out, each at the
 outcome its case expects, under 10 s, and what it held over its floor within what its header was
@@ -25,6 +27,7 @@ function's memory. Results go to .local/bench-results/hostile.json.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +45,7 @@ SECONDS = 10
 MB = 1 << 20
 CAP_BYTES = 4 << 30  # address space: libvips' threads and arenas reserve far more than they touch
 TIMEOUT = 60
+FORMATS = os.environ.get("BENCH_VARIANT_FORMATS", "webp,avif")
 
 
 def make_corpus() -> None:
@@ -58,7 +62,14 @@ def make_corpus() -> None:
 def measure(path: Path) -> dict[str, Any]:
     """One render in a fresh, capped process, as the process function renders it."""
     return child.capped(
-        "photo-publish", path, "--stream", "--as-function", cap_bytes=CAP_BYTES, timeout=TIMEOUT
+        "photo-publish",
+        path,
+        "--stream",
+        "--as-function",
+        "--formats",
+        FORMATS,
+        cap_bytes=CAP_BYTES,
+        timeout=TIMEOUT,
     )
 
 
@@ -104,7 +115,7 @@ def main() -> None:
         f"{limits.max_input_dimension:,} a side, rows of {limits.max_input_row_bytes:,} bytes, decoders of "
         f"{budget.slot // MB} MB in a shared slot, {budget.whole // MB} MB alone ({budget.describe()}), "
         f"{limits.render_timeout_seconds:g} s; allowed: {SECONDS} s, and over its floor its slot or the "
-        f"whole and a render's work"
+        f"whole and a render's work; the ladder {limits.variant_widths} in {FORMATS}"
     )
     print(
         f"{'input':44}{'file bytes':>12}  {'outcome':22}{'route':>8}{'counted':>8}{'peak MB':>8}"

@@ -189,12 +189,16 @@ CASES = [
 ]
 
 
-def render_as_the_function(path: str | Path, budget: slots.DecodeBudget = slots.DEFAULT) -> dict[str, Any]:
+def render_as_the_function(
+    path: str | Path, budget: slots.DecodeBudget = slots.DEFAULT, *, formats: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     """render() of the file (read as a stream) as the process function runs it: in a shared slot of
     `budget`, or, where its header says more than a slot holds, read again and rendered alone
-    (PhotoService's gate). The route it ended on (shared, alone: the share of the memory it had), and
-    its size or its refusal's code (from its header, or from its decoder)."""
-    options, route = RenderOptions().sharing(budget), "shared"
+    (PhotoService's gate); its ladder in `formats` (VARIANT_FORMATS) where given. The route it ended
+    on (shared, alone: the share of the memory it had), and its size or its refusal's code (from its
+    header, or from its decoder)."""
+    defaults = RenderOptions() if formats is None else replace(RenderOptions(), variant_formats=formats)
+    options, route = defaults.sharing(budget), "shared"
     while True:
         with open(path, "rb") as stream:  # noqa: PTH123
             try:

@@ -122,25 +122,34 @@ def check(data: bytes, render_options: Any = None) -> str:
 
 
 def _check_variants(rendered: Any, chosen: Any) -> None:
-    """Two WebP variants, each its stated size: the picture declared, fitted to its bound."""
+    """WebP thumb and browse, then the ladder's steps in its formats, each its stated size: the
+    picture declared, fitted to its bound."""
     import pyvips
 
+    from photo_publish.image import ladder
+
+    thumb, browse = rendered.variants[:2]
+    edges = ladder.steps(chosen.variant_widths, max(browse.width, browse.height))
+    expected_kinds = ("thumb", "browse", *(f"w{e}-{f}" for e in edges for f in chosen.variant_formats))
     kinds = tuple(variant.kind for variant in rendered.variants)
-    if kinds != ("thumb", "browse"):
+    if kinds != expected_kinds:
         raise Finding(f"variants {kinds}")
     limits = {"thumb": chosen.thumb_size, "browse": chosen.browse_size}
     for variant in rendered.variants:
-        if variant.data[:4] != b"RIFF" or variant.data[8:12] != b"WEBP":
-            raise Finding(f"the {variant.kind} is not a WebP")
+        magic = {"webp": variant.data[:4] == b"RIFF" and variant.data[8:12] == b"WEBP"}.get(
+            variant.extension, variant.data[4:12] == b"ftypavif"
+        )
+        if not magic:
+            raise Finding(f"the {variant.kind} is not a {variant.extension}")
         written = pyvips.Image.new_from_buffer(variant.data, "")
         size = (variant.width, variant.height)
         if (written.width, written.height) != size:
             raise Finding(f"the {variant.kind} says {size}, its file {written.width}x{written.height}")
-        if min(size) < 1 or max(size) > limits[variant.kind]:
+        bound = limits.get(variant.kind) or int(variant.kind[1:].split("-")[0])
+        if min(size) < 1 or max(size) > bound:
             raise Finding(f"the {variant.kind} is {size}")
     # The browse is the picture the header declared (the size recorded for the photo), fitted, never
     # enlarged; the thumb is the browse fitted.
-    thumb, browse = rendered.variants
     for variant, (width, height), bound in (
         (browse, (rendered.width, rendered.height), chosen.browse_size),
         (thumb, (browse.width, browse.height), chosen.thumb_size),

@@ -6,7 +6,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +95,8 @@ class Infra:
     def configure(self, **overrides: Any) -> Settings:
         """Point the functions' environment at this test's stack (as the template would)."""
         self.settings = replace(self.settings, **overrides)
-        for name, value in asdict(self.settings).items():
-            if value is not None:
-                self.monkeypatch.setenv(name.upper(), str(value))
+        for name, value in self.settings.environment().items():
+            self.monkeypatch.setenv(name, value)
         bootstrap.reset()
         return self.settings
 
@@ -142,6 +141,14 @@ def infra(
     infra.configure()
     yield infra
     bootstrap.reset()
+
+
+@pytest.fixture
+def recipe_before_the_ladder(infra: Infra) -> Infra:
+    """Photos published at version 1, the recipe before the responsive ladder (thumb and browse
+    alone): where every deployment's photos are before a backfill moves them to a newer recipe."""
+    infra.configure(variant_version=1, variant_widths=())
+    return infra
 
 
 @pytest.fixture

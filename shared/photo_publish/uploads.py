@@ -20,7 +20,14 @@ from sqlalchemy import Engine, select
 from photo_publish.adapters.tables import photo_jobs, photo_variants, photos
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
-from photo_publish.keys import MalformedKey, clean_file_name, original_key, parse_uuid, photo_prefixes
+from photo_publish.keys import (
+    FIXED_KINDS,
+    MalformedKey,
+    clean_file_name,
+    original_key,
+    parse_uuid,
+    photo_prefixes,
+)
 from photo_publish.outbox import writer
 from photo_publish.publish.transaction import capture_of
 from photo_publish.settings import Settings
@@ -176,7 +183,7 @@ def status(
         variants = connection.execute(
             select(photo_variants)
             .where(photo_variants.c.photo_id == photo_uuid)
-            .order_by(photo_variants.c.width)
+            .order_by(photo_variants.c.width, photo_variants.c.content_type.desc())
         ).all()
     # A failed photo given its attempts again (a new upload, the operator's retry) is processing
     # until it publishes or fails anew; its old code says nothing more until then.
@@ -195,22 +202,24 @@ def status(
         "entityVersion": photo.entity_version,
         "width": photo.width,
         "height": photo.height,
-        "variants": {
-            v.kind: {
-                "key": v.storage_key,
-                "width": v.width,
-                "height": v.height,
-                "bytes": v.bytes,
-                "contentType": v.content_type,
-            }
-            | ({"url": f"{base}/{v.storage_key}"} if base else {})
-            for v in variants
-        },
+        "variants": {v.kind: _variant(v, base) for v in variants if v.kind in FIXED_KINDS},
+        # The responsive ladder (SPEC 18), by width, WebP before AVIF: a srcset's entries.
+        "ladder": [_variant(v, base) for v in variants if v.kind not in FIXED_KINDS],
         "placeholder": (
             {"thumbhash": photo.thumbhash, "averageColor": photo.average_color} if photo.thumbhash else None
         ),
         "capture": capture_of(photo).to_json() if photo.processing_state == "ready" else None,
     }
+
+
+def _variant(row: Any, base: str) -> dict[str, Any]:
+    return {
+        "key": row.storage_key,
+        "width": row.width,
+        "height": row.height,
+        "bytes": row.bytes,
+        "contentType": row.content_type,
+    } | ({"url": f"{base}/{row.storage_key}"} if base else {})
 
 
 def delete(

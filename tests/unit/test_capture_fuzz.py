@@ -183,7 +183,7 @@ def rendered_with(jpeg: bytes, block: bytes, *, location: bool = True) -> None:
     # for EXIF (and parses it itself with libexif, as it does every upload's).
     payload = (b"Exif\0\0" + block[6:] if block[:6] != b"Exif\0\0" else block)[:65533]
     result = render(io.BytesIO(exif.jpeg_with(jpeg, exif=payload)), RenderOptions(), location=location)
-    assert [v.kind for v in result.variants] == ["thumb", "browse"]
+    assert [v.kind for v in result.variants][:2] == ["thumb", "browse"]
     assert_bounded(capture.Reading(result.capture, result.capture_problem), location=location)
 
 

@@ -53,10 +53,20 @@ def variant(kind: str, **overrides: Any) -> dict[str, Any]:
     } | overrides
 
 
+# The responsive ladder (SPEC 18) in both formats, by width.
+LADDER = [
+    variant("w320-webp", width=320, height=200),
+    variant("w320-avif", width=320, height=200, content_type="image/avif"),
+    variant("w640-webp", width=640, height=400),
+    variant("w640-avif", width=640, height=400, content_type="image/avif"),
+]
+
+
 def payload(**overrides: Any) -> PhotoPublishedPayload:
     """A payload as the publish transaction writes it, with some fields changed.
 
-    `variants` is given as {kind: {field: value}}, so that a case can break one variant's field.
+    `variants` is given as {kind: {field: value}} and `ladder` as [{field: value}], so that a case
+    can break one variant's field.
     """
     fields: dict[str, Any] = {
         "photo_id": PHOTO_ID,
@@ -68,8 +78,11 @@ def payload(**overrides: Any) -> PhotoPublishedPayload:
         "variants": {"thumb": variant("thumb"), "browse": variant("browse", width=2048, height=1280)},
         "placeholder": PLACEHOLDER,
         "capture": CAPTURE,
+        "ladder": LADDER,
     }
     fields |= overrides
+    if isinstance(fields["ladder"], list):
+        fields["ladder"] = tuple(VariantRef(**ref) for ref in fields["ladder"])
     if isinstance(fields["placeholder"], tuple):  # (thumbhash, averageColor), built here to be refused
         fields["placeholder"] = Placeholder(*fields["placeholder"])
     refs = {kind: VariantRef(**ref) for kind, ref in fields.pop("variants").items()}
@@ -81,8 +94,8 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
     # WHEN it is turned into the outbox's JSON
     document = payload().to_json()
 
-    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder, SPEC 18's capture), camelCase,
-    # ids as strings, the instant taken in UTC and the camera's clock as it was
+    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder, SPEC 18's ladder and capture),
+    # camelCase, ids as strings, the instant taken in UTC and the camera's clock as it was
     assert document == {
         "schemaVersion": 3,
         "photoId": str(PHOTO_ID),
@@ -108,6 +121,21 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
             },
         },
         "placeholder": {"thumbhash": "1QcSHQRnh493V4dIh4eXh1h4kJUI", "averageColor": "#7d6a4f"},
+        "ladder": [
+            {
+                "key": f"{VARIANTS}/{kind}.webp",
+                "width": width,
+                "height": height,
+                "bytes": 12_345,
+                "contentType": content_type,
+            }
+            for kind, width, height, content_type in [
+                ("w320-webp", 320, 200, "image/webp"),
+                ("w320-avif", 320, 200, "image/avif"),
+                ("w640-webp", 640, 400, "image/webp"),
+                ("w640-avif", 640, 400, "image/avif"),
+            ]
+        ],
         "capture": {
             "takenAt": "2023-02-21T11:33:08.302000Z",
             "takenAtLocal": "2023-02-21T14:33:08.302000",
@@ -208,6 +236,17 @@ THUMB = variant("thumb")
         ),
         pytest.param(
             {"schema_version": 2}, "capture must be a Capture from schema 3 on", id="v2-with-capture"
+        ),
+        pytest.param({"ladder": None}, "ladder must be a list from schema 3 on", id="v3-without-ladder"),
+        pytest.param(
+            {"ladder": [LADDER[2], LADDER[0]]},
+            r"ladder must be ordered by width, got widths \[640, 320\]",
+            id="unordered",
+        ),
+        pytest.param(
+            {"ladder": [variant("w320-webp", size=0)]},
+            "bytes must be an integer of at least 1",
+            id="empty-step",
         ),
         pytest.param(
             {"placeholder": ("not base64!", "#000000")},
@@ -333,11 +372,20 @@ CAPTURE_DOCUMENT = document()["capture"]
             document(schemaVersion=4), "schemaVersion must be 1, 2 or 3, got 4$", id="schema-version-4"
         ),
         pytest.param(
-            document(schemaVersion=1),
+            without(document(schemaVersion=1), "ladder"),
             "payload has unknown keys 'placeholder', 'capture'$",
             id="v1-with-placeholder",
         ),
-        pytest.param(document(schemaVersion=2), "payload has unknown keys 'capture'$", id="v2-with-capture"),
+        pytest.param(
+            without(document(schemaVersion=2), "ladder"),
+            "payload has unknown keys 'capture'$",
+            id="v2-with-capture",
+        ),
+        pytest.param(
+            without(document(schemaVersion=2), "capture"),
+            "payload has unknown keys 'ladder'$",
+            id="v2-with-ladder",
+        ),
         pytest.param(
             document(capture=without(CAPTURE_DOCUMENT, "iso")), "capture lacks iso$", id="capture-without-iso"
         ),
@@ -377,6 +425,20 @@ CAPTURE_DOCUMENT = document()["capture"]
             document(capture=CAPTURE_DOCUMENT | {"location": {"latitude": 1, "longitude": 2}}),
             "capture.location lacks altitude$",
             id="location-without-altitude-key",
+        ),
+        pytest.param(document(ladder={"w320-webp": BROWSE}), "ladder must be a list", id="ladder-an-object"),
+        pytest.param(
+            document(ladder=[without(BROWSE, "bytes")]), r"ladder\[0\] lacks bytes$", id="step-without-bytes"
+        ),
+        pytest.param(
+            document(ladder=[BROWSE | {"width": 640}, BROWSE | {"width": 320}]),
+            r"ladder must be ordered by width",
+            id="ladder-unordered",
+        ),
+        pytest.param(
+            document(ladder=[BROWSE | {"contentType": None}]),
+            r"ladder\[0\].contentType must be a string",
+            id="step-without-type",
         ),
         pytest.param(
             document(placeholder={"thumbhash": PLACEHOLDER.thumbhash}),
@@ -418,25 +480,27 @@ def test_a_consumer_refuses_a_document_that_breaks_the_contract(changed: Any, er
 
 def test_a_consumer_reads_schema_version_1_documents_too() -> None:
     # GIVEN a document written before placeholders (schema version 1: no placeholder key)
-    old = without(without(document(schemaVersion=1), "placeholder"), "capture")
+    old = without(without(without(document(schemaVersion=1), "placeholder"), "ladder"), "capture")
 
     # WHEN a consumer reads it
     read = PhotoPublishedPayload.from_json(old)
 
     # THEN it is that version's payload, with no placeholder, and it writes back the same document
-    assert (read.schema_version, read.placeholder, read.capture) == (1, None, None)
+    assert (read.schema_version, read.placeholder, read.ladder, read.capture) == (1, None, None, None)
     assert read.to_json() == old
 
 
 def test_a_consumer_reads_schema_version_2_documents_too() -> None:
-    # GIVEN a document written before capture metadata (schema version 2: no capture key)
-    old = without(document(schemaVersion=2), "capture")
+    # GIVEN a document written before the ladder and capture metadata (schema version 2: a
+    # placeholder, neither key)
+    old = without(without(document(schemaVersion=2), "ladder"), "capture")
 
     # WHEN a consumer reads it
     read = PhotoPublishedPayload.from_json(old)
 
-    # THEN it is that version's payload, its placeholder and no capture, written back the same
-    assert (read.schema_version, read.placeholder, read.capture) == (2, PLACEHOLDER, None)
+    # THEN it is that version's payload, its placeholder and neither ladder nor capture, written back
+    # the same
+    assert (read.schema_version, read.placeholder, read.ladder, read.capture) == (2, PLACEHOLDER, None, None)
     assert read.to_json() == old
 
 
@@ -484,6 +548,17 @@ def test_an_invalid_capture_is_refused_on_write(fields: dict[str, Any], rule: st
 def test_a_location_off_the_globe_is_refused(latitude: Any, longitude: Any) -> None:
     with pytest.raises(InvalidPayload, match=r"^location\.(latitude|longitude) must be a (finite )?number"):
         Location(latitude=latitude, longitude=longitude)
+
+
+def test_a_recipe_without_a_ladder_writes_schema_3_with_an_empty_ladder() -> None:
+    # GIVEN a photo rendered with VARIANT_WIDTHS=none
+    written = payload(ladder=()).to_json()
+
+    # WHEN a consumer reads it back
+    read = PhotoPublishedPayload.from_json(json.loads(json.dumps(written)))
+
+    # THEN it is schema 3 with an empty list: the key is there whatever the recipe
+    assert (written["schemaVersion"], written["ladder"], read.ladder) == (3, [], ())
 
 
 @pytest.mark.parametrize("changed", [None, [], "payload"], ids=["null", "list", "text"])

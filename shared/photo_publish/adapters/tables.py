@@ -28,11 +28,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from photo_publish.errors import ErrorCode
+from photo_publish.keys import FIXED_KINDS, LADDER_KIND
 
 PROCESSING_STATES = ("uploaded", "ready", "processing_failed")
 VISIBILITIES = ("unpublished", "published")
 JOB_STATUSES = ("pending", "active", "done", "failed")
-VARIANT_KINDS = ("thumb", "browse")
 ERROR_CODES = [code.value for code in ErrorCode]
 
 
@@ -129,7 +129,11 @@ photo_variants = Table(
     Column("content_type", Text, nullable=False),
     Column("variant_version", Integer, nullable=False),
     *_created_updated(),
-    CheckConstraint(one_of("kind", VARIANT_KINDS), name="photo_variants_kind_check"),
+    CheckConstraint(
+        # thumb, browse, or a ladder step (migration 0011)
+        f"{one_of('kind', FIXED_KINDS)} OR kind ~ '^{LADDER_KIND.pattern}$'",
+        name="photo_variants_kind_check",
+    ),
 )
 
 photo_jobs = Table(

@@ -28,9 +28,10 @@ from typing import Protocol, runtime_checkable
 import pyvips
 
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.image import capture, frames, heic, slots, thumbhash
-from photo_publish.keys import VariantKind
+from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash
+from photo_publish.keys import VariantKind, ladder_kind
 from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Placeholder
+from photo_publish.settings import AVIF_EFFORT, AVIF_QUALITY
 
 # Loaders an upload may use (by libvips' nickname); everything else is refused from its header.
 ALLOWED_LOADERS = frozenset(
@@ -108,6 +109,12 @@ class RenderOptions:
     # WebP effort 2, not libvips' 4: the browse's encode is over half the render, and 2 takes 26% off
     # it for +1.7% bytes and -0.004 SSIM (benchmarks/compare.py's corpus).
     effort: int = 2
+    # The responsive ladder (SPEC 18): long edges, each resized from the browse in memory, and the
+    # formats each is encoded in (settings.py says why these).
+    variant_widths: tuple[int, ...] = (640, 1280, 2048)
+    variant_formats: tuple[str, ...] = ("webp",)
+    avif_quality: int = AVIF_QUALITY
+    avif_effort: int = AVIF_EFFORT
     # Limits (SPEC 3), each checked on the header; see benchmarks/hostile.py for what they bound.
     max_input_pixels: int = 100_000_000
     # Per axis. Rows are time (libpng decodes one at a time: 50,000,000 rows took 9.5 s) and columns
@@ -151,12 +158,18 @@ class RenderedVariant:
     height: int
     content_type: str = "image/webp"
     extension: str = "webp"
+    # The variant whose object this one is (the ladder's WebP step at the browse's size is the
+    # browse): stored once, under that variant's key.
+    same_as: VariantKind | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
     """The original's displayed size (orientation applied), its variants and its placeholder, and
-    what its EXIF says of its taking (SPEC 18; `capture_problem`: why some of that stays empty)."""
+    what its EXIF says of its taking (`capture_problem`: why some of that stays empty).
+
+    `variants`: thumb, browse, then the ladder's steps smallest first, each in the ladder's formats
+    in their configured order."""
 
     width: int
     height: int
@@ -634,10 +647,53 @@ def _waits(stream: Readable) -> Callable[[], float]:
     return lambda: 0.0
 
 
+def _encoded(
+    kind: VariantKind, image: pyvips.Image, image_format: str, options: RenderOptions, deadline: _Deadline
+) -> RenderedVariant:
+    """`image` encoded, with no metadata at all (no EXIF, XMP, IPTC nor ICC profile: the pixels are
+    sRGB already), alpha kept."""
+    deadline.check(f"before encoding the {kind}")
+    if image_format == "avif":
+        # libheif's AV1 encoder; 8 bits, chroma 4:2:0 below quality 90 (libvips' "auto").
+        data = image.heifsave_buffer(
+            Q=options.avif_quality, effort=options.avif_effort, compression="av1", keep="none"
+        )
+    else:
+        data = image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none")
+    content_type, extension = ladder.FORMATS[image_format]
+    return RenderedVariant(kind, data, image.width, image.height, content_type, extension)
+
+
+def _ladder(
+    browse: pyvips.Image, browse_webp: RenderedVariant, options: RenderOptions, deadline: _Deadline
+) -> list[RenderedVariant]:
+    """The ladder's steps, each resized from the browse in memory (never a second decode), smallest
+    first; each step in every format, in the configured order.
+
+    A step at the browse's own size is the browse: its WebP is the browse itself (the same pixels
+    and settings), neither encoded nor stored twice.
+    """
+    long_edge = max(browse.width, browse.height)
+    variants = []
+    for size in ladder.steps(options.variant_widths, long_edge):
+        image = browse if size == long_edge else browse.thumbnail_image(size, height=size)
+        if image is not browse and len(options.variant_formats) > 1:
+            # Materialised once for its formats: each encode would resize it again. With one format
+            # the encoder pulls the resize through (a few megabytes less at the peak).
+            image = image.copy_memory()
+        for image_format in options.variant_formats:
+            kind = ladder_kind(size, image_format)
+            if image is browse and image_format == "webp":
+                variants.append(replace(browse_webp, kind=kind, same_as=browse_webp.kind))
+            else:
+                variants.append(_encoded(kind, image, image_format, options, deadline))
+    return variants
+
+
 def render(
     original: Readable, options: RenderOptions, *, time_budget: float = math.inf, location: bool = False
 ) -> Rendered:
-    """Render `thumb` and `browse` WebP variants from a stream of the original.
+    """Render `thumb` and `browse` (WebP) and the responsive ladder from a stream of the original.
 
     `location`: read the photo's GPS position into its capture metadata (the upload said its user
     agreed); without it, the GPS tags are never read. Variants carry no metadata either way.
@@ -714,18 +770,11 @@ def render(
 
     try:
         thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")
-        images: tuple[tuple[VariantKind, pyvips.Image], ...] = (("thumb", thumb), ("browse", browse))
-        variants = []
-        for kind, image in images:
-            deadline.check(f"before encoding the {kind}")
-            variants.append(
-                RenderedVariant(
-                    kind=kind,
-                    data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
-                    width=image.width,
-                    height=image.height,
-                )
-            )
+        variants = [
+            _encoded(kind, image, "webp", options, deadline)
+            for kind, image in (("thumb", thumb), ("browse", browse))
+        ]
+        variants += _ladder(browse, variants[-1], options, deadline)
         # From the browse already in memory: no second decode, and it is the displayed picture
         # (upright, sRGB, alpha kept).
         shown = thumbhash.placeholder(browse)

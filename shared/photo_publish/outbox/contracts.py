@@ -1,7 +1,7 @@
 """The payload other services read from the outbox (SPEC 4.2): typed, validated on write and on read.
 
-Schema version 2 (SPEC 13) adds the placeholder, version 3 (SPEC 18) the capture metadata; the
-reader accepts 1 to 3.
+Schema version 2 (SPEC 13) adds the placeholder; version 3 (SPEC 18) the responsive ladder and
+the capture metadata. The reader accepts 1 to 3, each with exactly its own keys.
 """
 
 import base64
@@ -231,6 +231,7 @@ def _number(key: str, value: object) -> float | None:
 NO_CAPTURE = Capture()
 
 SCHEMA_VERSION: Literal[3] = 3
+SCHEMA_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,12 +247,16 @@ class PhotoPublishedPayload:
     variants: PublishedVariants
     # Version 2 on: what to show before the browse arrives (version 1 has none).
     placeholder: Placeholder | None = None
+    # Version 3 on: the responsive ladder, every step in every format, ordered by width (a step's
+    # formats in the configured order): what a srcset lists, without another request. Empty where
+    # the recipe has no ladder.
+    ladder: tuple[VariantRef, ...] | None = None
     # Version 3 on: when and with what it was taken (its fields None where the photo said nothing).
     capture: Capture | None = None
 
     def __post_init__(self) -> None:
         # type(): True == 1 and 1.0 == 1, neither of which is a schema version.
-        if type(self.schema_version) is not int or self.schema_version not in (1, 2, 3):
+        if type(self.schema_version) is not int or self.schema_version not in SCHEMA_VERSIONS:
             raise InvalidPayload(f"schemaVersion must be 1, 2 or 3, got {self.schema_version!r}")
         if (self.schema_version >= 2) != isinstance(self.placeholder, Placeholder):
             raise InvalidPayload(
@@ -261,6 +266,11 @@ class PhotoPublishedPayload:
             raise InvalidPayload(
                 f"capture must be a Capture from schema 3 on and absent before, got {self.capture!r}"
             )
+        if (self.schema_version >= 3) != isinstance(self.ladder, tuple):
+            raise InvalidPayload(
+                f"ladder must be a list from schema 3 on and absent before, got {self.ladder!r}"
+            )
+        _check_ladder(self.ladder or ())
         for key, value in (("photoId", self.photo_id), ("albumId", self.album_id)):
             if not isinstance(value, UUID):
                 raise InvalidPayload(f"{key} must be a UUID, got {value!r}")
@@ -275,27 +285,31 @@ class PhotoPublishedPayload:
 
     def to_json(self) -> dict[str, object]:
         """The outbox's document: camelCase keys, ids as strings, publishedAt in ISO-8601 UTC ("Z")."""
-        document: dict[str, object] = {
-            "schemaVersion": self.schema_version,
-            "photoId": str(self.photo_id),
-            "albumId": str(self.album_id),
-            "entityVersion": self.entity_version,
-            "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
-            "width": self.width,
-            "height": self.height,
-            "variants": {
-                "thumb": _variant_json(self.variants.thumb),
-                "browse": _variant_json(self.variants.browse),
-            },
-        } | (
-            {}
-            if self.placeholder is None
-            else {
-                "placeholder": {
-                    "thumbhash": self.placeholder.thumbhash,
-                    "averageColor": self.placeholder.average_color,
-                }
+        document: dict[str, object] = (
+            {
+                "schemaVersion": self.schema_version,
+                "photoId": str(self.photo_id),
+                "albumId": str(self.album_id),
+                "entityVersion": self.entity_version,
+                "publishedAt": self.published_at.isoformat().removesuffix("+00:00") + "Z",
+                "width": self.width,
+                "height": self.height,
+                "variants": {
+                    "thumb": _variant_json(self.variants.thumb),
+                    "browse": _variant_json(self.variants.browse),
+                },
             }
+            | (
+                {}
+                if self.placeholder is None
+                else {
+                    "placeholder": {
+                        "thumbhash": self.placeholder.thumbhash,
+                        "averageColor": self.placeholder.average_color,
+                    }
+                }
+            )
+            | ({} if self.ladder is None else {"ladder": [_variant_json(step) for step in self.ladder]})
         )
         if self.capture is not None:
             document["capture"] = self.capture.to_json()
@@ -303,20 +317,29 @@ class PhotoPublishedPayload:
 
     @classmethod
     def from_json(cls, document: object) -> Self:
-        """A consumer's reading of `to_json`'s document, schema 1 to 3: every key of its version
+        """A consumer's reading of `to_json`'s document, schema 1, 2 or 3: every key of its version
         present, no other, each valid."""
         version = document.get("schemaVersion") if isinstance(document, Mapping) else None
-        if isinstance(document, Mapping) and "schemaVersion" in document and version not in (1, 2, 3):
+        if isinstance(document, Mapping) and "schemaVersion" in document and version not in SCHEMA_VERSIONS:
             raise InvalidPayload(f"schemaVersion must be 1, 2 or 3, got {version!r}")
         # True is no version (the constructor refuses it): it reads as none here.
-        level: int = version if isinstance(version, int) and not isinstance(version, bool) else 0
-        keys = _PAYLOAD_KEYS + (("placeholder",) if level >= 2 else ()) + (("capture",) if level >= 3 else ())
+        since = version if type(version) is int else 0
+        keys = (
+            _PAYLOAD_KEYS
+            + (("placeholder",) if since >= 2 else ())
+            + (("ladder", "capture") if since >= 3 else ())
+        )
         members = _members(document, keys, "payload")
         variants = _members(members["variants"], ("thumb", "browse"), "variants")
         placeholder = None
-        if "placeholder" in keys:
+        if since >= 2:
             shown = _members(members["placeholder"], ("thumbhash", "averageColor"), "placeholder")
             placeholder = Placeholder(shown["thumbhash"], shown["averageColor"])
+        ladder = None
+        if since >= 3:
+            if not isinstance(members["ladder"], list):
+                raise InvalidPayload(f"ladder must be a list, got {members['ladder']!r}")
+            ladder = tuple(_variant(step, f"ladder[{i}]") for i, step in enumerate(members["ladder"]))
         return cls(
             schema_version=members["schemaVersion"],
             photo_id=_uuid("photoId", members["photoId"]),
@@ -330,6 +353,7 @@ class PhotoPublishedPayload:
                 browse=_variant(variants["browse"], "variants.browse"),
             ),
             placeholder=placeholder,
+            ladder=ladder,
             capture=Capture.from_json(members["capture"]) if "capture" in keys else None,
         )
 
@@ -345,6 +369,14 @@ _PAYLOAD_KEYS = (
     "variants",
 )
 _VARIANT_KEYS = ("key", "width", "height", "bytes", "contentType")
+
+
+def _check_ladder(ladder: tuple[VariantRef, ...]) -> None:
+    if not all(isinstance(step, VariantRef) for step in ladder):
+        raise InvalidPayload(f"ladder must hold VariantRefs, got {ladder!r}")
+    widths = [step.width for step in ladder]
+    if widths != sorted(widths):
+        raise InvalidPayload(f"ladder must be ordered by width, got widths {widths}")
 
 
 def _at_least(low: int, **values: object) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
@@ -114,7 +114,7 @@ class PhotoRepository:
         with self._transaction() as connection:
             connection.execute(
                 insert(variant_recipes)
-                .values(version=version, fingerprint=recipe.fingerprint, recipe=asdict(recipe))
+                .values(version=version, fingerprint=recipe.fingerprint, recipe=recipe.as_record())
                 .on_conflict_do_nothing(index_elements=[variant_recipes.c.version])
             )
             recorded = connection.execute(

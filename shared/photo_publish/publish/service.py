@@ -42,6 +42,10 @@ def render_options(settings: Settings, budget: slots.DecodeBudget | None = None)
         browse_size=settings.browse_size,
         quality=settings.webp_quality,
         effort=settings.webp_effort,
+        variant_widths=settings.variant_widths,
+        variant_formats=settings.variant_formats,
+        avif_quality=settings.avif_quality,
+        avif_effort=settings.avif_effort,
         max_input_pixels=settings.max_input_pixels,
         max_input_dimension=settings.max_input_dimension,
         max_input_row_bytes=settings.max_input_row_bytes,
@@ -292,7 +296,7 @@ class PhotoService:
                     photo.album_id,
                     photo.id,
                     version=settings.variant_version,
-                    kind=variant.kind,
+                    kind=variant.same_as or variant.kind,
                     ext=variant.extension,
                 ),
                 variant.width,
@@ -302,10 +306,12 @@ class PhotoService:
             )
             for variant in rendered.variants
         ]
+        # A variant that is another's object (the ladder's step at the browse's size) is put once.
         self._put_variants(
             [
                 (put.key, variant.data, put.content_type)
                 for put, variant in zip(stored, rendered.variants, strict=True)
+                if variant.same_as is None
             ]
         )
 
@@ -343,7 +349,7 @@ class PhotoService:
             photo.id,
             attempt=attempt,
             steps=steps,
-            variant_bytes=sum(v.size for v in stored),
+            variant_bytes=sum({v.key: v.size for v in stored}.values()),
             handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
         )
 

@@ -13,11 +13,12 @@ from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from photo_publish.adapters.tables import photo_variants, photos, retired_variants
 from photo_publish.jobs import machine
+from photo_publish.keys import FIXED_KINDS, VariantKind
 from photo_publish.outbox import writer
 from photo_publish.outbox.contracts import (
     PHOTO_PUBLISHED,
@@ -33,7 +34,8 @@ from photo_publish.outbox.contracts import (
 
 @dataclass(frozen=True, slots=True)
 class StoredVariant:
-    kind: Literal["thumb", "browse"]
+    # "thumb", "browse", or a ladder step ("w640-webp", keys.py)
+    kind: VariantKind
     key: str
     width: int
     height: int
@@ -125,10 +127,13 @@ def replace_variants(
         exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
         return PublishResult("already" if exists else "skipped")
     old_keys = connection.scalars(
-        select(photo_variants.c.storage_key).where(
+        select(photo_variants.c.storage_key)
+        .where(
             photo_variants.c.photo_id == photo_id,
             photo_variants.c.storage_key.not_in([v.key for v in variants]),
         )
+        # two rows may name one object (the ladder's step at the browse's size)
+        .distinct()
     ).all()
     _store_variants(connection, photo_id, variants, variant_version)
     payload, event_id = _append_event(
@@ -172,6 +177,13 @@ def _superseded_or_skipped(connection: Connection, photo_id: UUID) -> Literal["s
 def _store_variants(
     connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
 ) -> None:
+    """The photo's rows become exactly `variants`: a kind of an older recipe that this one does not
+    render (a ladder step it dropped) goes with it."""
+    connection.execute(
+        delete(photo_variants).where(
+            photo_variants.c.photo_id == photo_id, photo_variants.c.kind.not_in([v.kind for v in variants])
+        )
+    )
     stmt = insert(photo_variants).values(
         [
             {
@@ -224,6 +236,7 @@ def _append_event(
         )
         for v in variants
     }
+    fixed = {kind: refs.pop(kind) for kind in FIXED_KINDS}
     payload = PhotoPublishedPayload(
         photo_id=photo_id,
         album_id=album_id,
@@ -231,8 +244,10 @@ def _append_event(
         published_at=published_at,
         width=width,
         height=height,
-        variants=PublishedVariants(**refs),
+        variants=PublishedVariants(**fixed),
         placeholder=placeholder,
+        # In the render's order: by width, a step's formats in the configured order.
+        ladder=tuple(refs.values()),
         capture=capture,
     )
     return payload, writer.append_published(connection, event_type, payload)

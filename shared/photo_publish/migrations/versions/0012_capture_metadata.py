@@ -12,13 +12,13 @@ photos published before this migration have none until they are rendered again (
   them on any other.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 """
 
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
