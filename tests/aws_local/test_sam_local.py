@@ -25,6 +25,9 @@ from devkit import samples
 from photo_publish import migrate
 from photo_publish.adapters.database import sqlalchemy_url
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.image import ladder
+from photo_publish.keys import ladder_kind
+from photo_publish.settings import Settings
 from tests.aws_local.conftest import (
     EVENTS,
     LOCAL_ENV,
@@ -85,7 +88,7 @@ def assert_published(engine: Engine, photo_id: str, invocation: Invocation) -> N
 def assert_published_in(
     engine: Engine, photo_id: str, invocation: Invocation, *, bucket: str, stage: str
 ) -> None:
-    """The photo is ready with two variants in the bucket, one outbox event, its job done."""
+    """The photo is ready with its variants in the bucket, one outbox event, its job done."""
     assert invocation.result == {"batchItemFailures": []}, invocation.output[-3000:]
     (line,) = invocation.lines("photo processed")
     assert line["outcome"] == "published", line
@@ -101,7 +104,14 @@ def assert_published_in(
     assert (photo.processing_state, photo.visibility, photo.entity_version) == ("ready", "published", 2)
     assert job.status == "done"
     assert events == 1
-    assert sorted(v.kind for v in variants) == ["browse", "thumb"]
+    # thumb, browse and the default ladder's steps up to the browse's own long edge, in WebP
+    browse = next(v for v in variants if v.kind == "browse")
+    steps = ladder.steps(
+        Settings.__dataclass_fields__["variant_widths"].default, max(browse.width, browse.height)
+    )
+    assert sorted(v.kind for v in variants) == sorted(
+        ["browse", "thumb", *(ladder_kind(s, "webp") for s in steps)]
+    )
     s3 = client("s3")
     for variant in variants:
         head = s3.head_object(Bucket=bucket, Key=variant.storage_key)
