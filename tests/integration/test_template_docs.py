@@ -188,3 +188,30 @@ def test_the_deploying_guide_lists_every_alarm_with_its_runbook() -> None:
     for name in rows:
         anchor = re.sub(r"[^\w\- ]", "", re.sub(r"^\[`(.+)`\]\(.*\)$", r"\1", name).lower()).replace(" ", "-")
         assert name.endswith(f"(runbooks.md#{anchor})"), f"{name}: link it to its runbook"
+
+
+PARAMETER_HEAD = "| parameter | default | meaning |"
+
+
+def test_the_deploying_guide_has_every_parameter_with_its_default() -> None:
+    # GIVEN the template's parameters
+    parameters = document()["Parameters"]
+    # WHEN the guide's parameter table is read (a row may name several parameters)
+    named: dict[str, str] = {}
+    for cells in table(DEPLOYING, PARAMETER_HEAD):
+        names = re.findall(r"`([A-Za-z0-9]+)`", cells[0])
+        for name in names:
+            assert name not in named, f"{name} has two rows"
+            named[name] = cells[1] if len(names) == 1 else ""
+    # THEN each parameter has a row, and no row names something the template does not take
+    assert not set(parameters) - set(named), (
+        f"missing from deploying.md: {sorted(set(parameters) - set(named))}"
+    )
+    assert not set(named) - set(parameters), f"not parameters: {sorted(set(named) - set(parameters))}"
+    # AND a row of its own states the template's default ("required" where there is none)
+    for name, stated in named.items():
+        if not stated:
+            continue
+        default = parameters[name].get("Default")
+        expected = "required" if default is None else ("empty" if default == "" else str(default))
+        assert stated.replace("`", "") == expected, (name, stated, expected)
