@@ -14,6 +14,7 @@ from typing import Any
 
 from photo_publish.settings import Settings
 from tests.integration.test_template import PSEUDO, REQUIRED, Stack, document
+from tests.markdown import slug, table
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -21,19 +22,6 @@ DEPLOYING = ROOT / "docs" / "deploying.md"
 CONFIG_HEAD = "| variable | default | the template sets | what it changes |"
 ALARM_HEAD = "| alarm | fires when | what to do |"
 FIELDS = {f.name.upper(): f for f in dataclasses.fields(Settings)}
-
-
-def table(path: Path, head: str) -> list[list[str]]:
-    """The rows under `head` in `path`, each a list of its cells."""
-    lines = path.read_text().splitlines()
-    assert head in lines, f"{path.name} has no table headed {head}"
-    start = lines.index(head) + 2
-    rows = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-    return rows
 
 
 def config_rows() -> dict[str, tuple[str, str]]:
@@ -183,11 +171,10 @@ def test_the_deploying_guide_lists_every_alarm_with_its_runbook() -> None:
     # WHEN the deploying guide's alarm table is read
     rows = {cells[0]: cells for cells in table(DEPLOYING, ALARM_HEAD)}
     # THEN each alarm has its row, linked to its runbook, and no row names an alarm that is not there
-    listed = {re.sub(r"^\[`(.+)`\]\(.*\)$", r"\1", name) for name in rows}
-    assert listed == set(alarms), f"deploying.md's alarms {sorted(listed)} != the template's {alarms}"
-    for name in rows:
-        anchor = re.sub(r"[^\w\- ]", "", re.sub(r"^\[`(.+)`\]\(.*\)$", r"\1", name).lower()).replace(" ", "-")
-        assert name.endswith(f"(runbooks.md#{anchor})"), f"{name}: link it to its runbook"
+    listed = {re.sub(r"^\[`(.+)`\]\(.*\)$", r"\1", cell): cell for cell in rows}
+    assert set(listed) == set(alarms), f"deploying.md's alarms {sorted(listed)} != the template's {alarms}"
+    for alarm, cell in listed.items():
+        assert cell.endswith(f"(runbooks.md#{slug(alarm)})"), f"{cell}: link it to its runbook"
 
 
 PARAMETER_HEAD = "| parameter | default | meaning |"

@@ -3,53 +3,31 @@ and docs/ resolves inside the repository, each guide says first who it is for, n
 document a clone does not have, and the README stays a front page whose first lines are the two
 commands.
 
-Anchors follow GitHub's rules for a heading: its text as rendered (code, emphasis and links reduced
-to their text), lower-cased, every character but letters, digits, `_`, `-` and spaces removed,
-spaces made hyphens, and a repeated one suffixed -1, -2, ...
+Anchors follow GitHub's rules for a heading (tests/markdown.py).
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.markdown import FENCE, anchors, slug
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = sorted([README, ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
 GUIDES = [page for page in PAGES if ROOT / "docs" in page.parents]
 
-FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1", re.DOTALL)
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
 def prose(text: str) -> str:
     """The Markdown with fenced blocks and code spans blanked: links there are not links."""
     text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     return CODE_SPAN.sub("", text)
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor for a heading's Markdown text (before duplicates are numbered)."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
-    text = re.sub(r"[`*]", "", text)  # code spans and emphasis: their text
-    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
-    return text.replace(" ", "-")
-
-
-def anchors(markdown: str) -> set[str]:
-    """Every anchor GitHub makes for the headings of a page, duplicates numbered."""
-    seen: Counter[str] = Counter()
-    found = set()
-    for match in HEADING.finditer(FENCE.sub("", markdown)):
-        base = slug(match.group(2))
-        found.add(base if seen[base] == 0 else f"{base}-{seen[base]}")
-        seen[base] += 1
-    return found
 
 
 def links(page: Path) -> list[str]:
