@@ -136,7 +136,7 @@ $(BENCH312)/.installed: requirements.txt
 
 # In this order; one that fails does not stop the others (report still plots what there is), and
 # make fails at the end, naming it.
-BENCH_MODULES := compare memory coldstart lambdainit delivery upload sweep heic hostile placeholder backfill relay report
+BENCH_MODULES := compare memory coldstart lambdainit delivery upload sweep heic hostile fullsize placeholder backfill relay ladder report
 
 bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 	@$(call APT_INSTALL,command -v vipsthumbnail >/dev/null,--no-install-recommends libvips-tools,SKIPPED vipsthumbnail)

@@ -1,7 +1,8 @@
 """One measurement in a fresh Python process: every Python peer of the benchmarks, written once.
 
-    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH]
+    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH] [--formats F] [--as-function]
     python -m benchmarks.child over-time <trim-every> <photo>...
+    python -m benchmarks.child at-once <photo>...
 
 The benchmarks (compare, heic, memory, report) start one interpreter per measurement through
 measure() below, so that a time or a peak of memory belongs to that measurement alone: nothing is
@@ -17,6 +18,10 @@ imports), then writes the browse to --browse-to if asked, then reads its peak re
 Peers:
 - photo-publish: render(stream, RenderOptions()) from shared/photo_publish/image/pipeline.py (pyvips);
   --max-pixels raises or lowers its pixel limit; a refusal (PhotoError) is the outcome, its code;
+  --as-function (with --stream): rendered as the process function does, at the template's memory
+  (devkit/fullsize.py's render_as_the_function: in a shared slot, or again alone), its route added,
+  and, once the peak is read, what its header said it would hold (decode_bytes); --formats sets its
+  ladder's formats (VARIANT_FORMATS, as "webp,avif");
 - pyvips-2dec: pyvips making each variant from the original, thumbnail_buffer() then WebP Q80
   (libvips' default effort), cache off: what the original worker did with sharp, on this libvips;
 - pillow: draft mode (a JPEG decodes at the smallest 1/2^n scale still >= 2048), exif_transpose,
@@ -27,12 +32,17 @@ Peers:
   under the pipeline's peaks;
 - imports+pi_heif: the same, and `import pi_heif` (and Pillow with it) is what is timed: the
   floor under a HEIC's peaks, and the import the first HEIC of a container pays.
-Printed: one JSON line with seconds and peak_mb, plus what the peer has of bytes (both variants),
-browse_bytes, outcome (the browse's size, or what happened instead) and pixels (of the photo).
+Printed: one JSON line with seconds, peak_mb and floor_mb (the resident set before the run, imports
+done), plus what the peer has of bytes (both variants), browse_bytes, outcome (the browse's size, or
+what happened instead) and pixels (of the photo).
 
 Peak memory is VmHWM from /proc/self/status, not getrusage's ru_maxrss: Linux carries ru_maxrss
 over from the parent across fork and exec, so a child of a big benchmark process would report at
 least its parent's size.
+
+at-once: one process renders the photos as the process function does (--as-function), all at once, a
+thread each (the renders it lets run side by side), and prints seconds, peak_mb, floor_mb and each
+one's result.
 
 over-time: one process renders photos in a row on demand, cycling through the photos, each read as
 a file stream with RenderOptions(): it prints its resident set (VmRSS) before the first, then for
@@ -47,6 +57,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -101,6 +112,40 @@ def measure(
     return result
 
 
+def capped(*args: str | Path, cap_bytes: int, timeout: float) -> dict[str, Any]:
+    """One child (`args` as for command()) under an address space cap: its JSON, or what happened to
+    it instead (code: timed out, crashed; no peak)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["prlimit", f"--as={cap_bytes}", *command(*args)],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=ROOT,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "code": f"timed out ({timeout:g} s)",
+            "seconds": timeout,
+            "peak_mb": math.nan,
+            "floor_mb": 0.0,
+        }
+    if out.returncode:
+        last = out.stderr.strip().splitlines()[-1:] or [""]
+        return {
+            "code": f"crashed ({out.returncode}): {last[0][:60]}",
+            "seconds": 0.0,
+            "peak_mb": math.nan,
+            "floor_mb": 0.0,
+        }
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
 def status_mb(field: str) -> float:
     """A figure of /proc/self/status (VmHWM, VmRSS) in MB."""
     with open("/proc/self/status") as status:  # noqa: PTH123
@@ -122,11 +167,20 @@ def _variants(outputs: dict[str, bytes], browse_size: tuple[int, int]) -> dict[s
 
 
 def photo_publish(data: bytes | None, path: str, options: dict[str, str]) -> Run:
+    from dataclasses import replace
+
     from photo_publish.errors import PhotoError
     from photo_publish.image.pipeline import RenderOptions, render
 
-    limit = options.get("max-pixels")
+    limit, formats = options.get("max-pixels"), options.get("formats")
+    if "as-function" in options:
+        from devkit.fullsize import render_as_the_function
+
+        chosen = None if formats is None else tuple(formats.split(","))
+        return lambda: render_as_the_function(path, formats=chosen)
     render_options = RenderOptions() if limit is None else RenderOptions(max_input_pixels=int(limit))
+    if formats is not None:
+        render_options = replace(render_options, variant_formats=tuple(formats.split(",")))
 
     def run() -> dict[str, Any]:
         with io.BytesIO(data) if data is not None else open(path, "rb") as stream:  # noqa: PTH123
@@ -235,6 +289,7 @@ def one(peer: str, path: str, options: dict[str, str]) -> dict[str, Any]:
         with open(path, "rb") as file:  # noqa: PTH123
             data = file.read()
     run = PEERS[peer](data, path, options)
+    floor = status_mb("VmRSS")
     started = time.perf_counter()
     result = run()
     seconds = time.perf_counter() - started
@@ -242,7 +297,14 @@ def one(peer: str, path: str, options: dict[str, str]) -> dict[str, Any]:
     if "browse-to" in options:
         with open(options["browse-to"], "wb") as file:  # noqa: PTH123
             file.write(variants["browse"])
-    return {"seconds": seconds, "peak_mb": status_mb("VmHWM"), **result}
+    measured = {"seconds": seconds, "peak_mb": status_mb("VmHWM"), "floor_mb": floor}
+    if "as-function" in options:
+        from devkit.fullsize import decode_estimate
+
+        # After the peak is read: this second read of the header must not count in it.
+        with open(path, "rb") as stream:  # noqa: PTH123
+            result["decode_bytes"] = decode_estimate(stream)
+    return measured | result
 
 
 def over_time(trim_every: int, paths: list[str]) -> dict[str, Any]:
@@ -270,14 +332,29 @@ def over_time(trim_every: int, paths: list[str]) -> dict[str, Any]:
     return {"peak_mb": status_mb("VmHWM")}
 
 
+def at_once(paths: list[str]) -> dict[str, Any]:
+    """Each photo rendered as the process function does (--as-function), all at once, one thread each:
+    the renders the function lets run side by side, in one process as in one container."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from devkit.fullsize import render_as_the_function
+
+    floor = status_mb("VmRSS")
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(paths)) as pool:
+        results = list(pool.map(render_as_the_function, paths))
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "peak_mb": status_mb("VmHWM"), "floor_mb": floor, "results": results}
+
+
 def _options(args: list[str]) -> dict[str, str]:
-    """--stream, --max-pixels N, --browse-to PATH (no argparse: its imports would sit in every floor)."""
+    """--stream, --max-pixels N, --formats F, --browse-to PATH (no argparse: its imports would sit in every floor)."""
     options: dict[str, str] = {}
     while args:
         name = args.pop(0)
-        if name == "--stream":
-            options["stream"] = ""
-        elif name in ("--max-pixels", "--browse-to") and args:
+        if name in ("--stream", "--as-function"):
+            options[name.removeprefix("--")] = ""
+        elif name in ("--max-pixels", "--formats", "--browse-to") and args:
             options[name.removeprefix("--")] = args.pop(0)
         else:
             raise SystemExit(f"unknown option {name!r} (see benchmarks/child.py)")
@@ -289,6 +366,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     if argv[0] == "over-time":
         result = over_time(int(argv[1]), argv[2:])
+    elif argv[0] == "at-once":
+        result = at_once(argv[1:])
     else:
         result = one(argv[0], argv[1], _options(argv[2:]))
     print(json.dumps(result))

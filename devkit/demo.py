@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,9 +66,7 @@ def demo_photos() -> Iterator[tuple[str, bytes]]:
 
 def function_environment(settings: Settings) -> None:
     """What the template sets on the functions, set here for the handler running in-process."""
-    for name, value in asdict(settings).items():
-        if value is not None:
-            os.environ[name.upper()] = str(value)
+    os.environ.update(settings.environment())
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "photo-publish")
     os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "PhotoPublishDemo")
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")

@@ -12,9 +12,12 @@ pi-heif segfault or abort), a peak over the memory bound or a render past its de
                                        (-minimize_crash=1 minimises one)
     python -m devkit.fuzz check FILE   one input through the oracle in this (fresh) process
 
-Memory: each input's own peak, counted from a fresh process' imports (the process' peak is reset
-before each input), must stay under FUZZ_PEAK_MB; libFuzzer's -rss_limit_mb, that plus the
-fuzzer's own memory, stops one that never returns. The process runs under an address-space cap as
+Memory: each input is rendered as the process function renders it beside others, in a shared slot
+of the template's memory (image/slots.py); one whose header says more than a slot is handed back
+(RenderAlone, before decoding: the function renders it alone), a legitimate ending. Each input's own
+peak, counted from a fresh process' imports (the process' peak is reset before each input), must
+stay under FUZZ_PEAK_MB (by default the slot and a render's work); libFuzzer's -rss_limit_mb, that
+plus the fuzzer's own memory, stops one that never returns. The process runs under an address-space cap as
 well, so that a bomb costs it, not the machine.
 
 Time: render() runs with a short deadline (FUZZ_DEADLINE_SECONDS, RenderOptions'
@@ -48,6 +51,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from photo_publish.image import slots
+
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = ROOT / ".local" / "fuzz"
 SEEDS, CORPUS, FINDINGS = FUZZ / "seeds", FUZZ / "corpus", FUZZ / "findings"
@@ -58,7 +63,8 @@ def _setting(name: str, default: float) -> float:
 
 
 RUNS = int(_setting("FUZZ_RUNS", 100_000))
-PEAK_MB = int(_setting("FUZZ_PEAK_MB", 400))  # the memory bound (benchmarks/hostile.py's)
+# The memory bound: what a render in a shared slot may hold (benchmarks/hostile.py's allowance).
+PEAK_MB = int(_setting("FUZZ_PEAK_MB", (slots.DEFAULT.slot + slots.RENDER_WORK) // slots.MIB))
 DEADLINE_SECONDS = _setting("FUZZ_DEADLINE_SECONDS", 3)
 GRACE_SECONDS = _setting("FUZZ_GRACE_SECONDS", 2)
 TIMEOUT_SECONDS = math.ceil(DEADLINE_SECONDS + GRACE_SECONDS) + 1
@@ -85,19 +91,21 @@ class Finding(AssertionError):
 def options() -> Any:
     from photo_publish.image.pipeline import RenderOptions
 
-    # The service's defaults (its limits among them), with the fuzzer's short deadline.
-    return RenderOptions(render_timeout_seconds=DEADLINE_SECONDS)
+    # The service's defaults (its limits among them, a shared slot), with the fuzzer's short deadline.
+    return RenderOptions(render_timeout_seconds=DEADLINE_SECONDS).sharing(slots.DEFAULT)
 
 
 def check(data: bytes, render_options: Any = None) -> str:
     """Render `data`; its outcome ("rendered WxH" or the code), or a Finding."""
     from photo_publish.errors import PhotoError
-    from photo_publish.image.pipeline import render
+    from photo_publish.image.pipeline import RenderAlone, render
 
     chosen = render_options or options()
     started = time.monotonic()
     try:
         rendered = render(io.BytesIO(data), chosen)
+    except RenderAlone:
+        outcome = "RENDER_ALONE"  # over a shared slot, from its header: the function renders it alone
     except PhotoError as error:
         outcome = str(error.code)
         if outcome not in FILE_CODES:
@@ -114,25 +122,34 @@ def check(data: bytes, render_options: Any = None) -> str:
 
 
 def _check_variants(rendered: Any, chosen: Any) -> None:
-    """Two WebP variants, each its stated size: the picture declared, fitted to its bound."""
+    """WebP thumb and browse, then the ladder's steps in its formats, each its stated size: the
+    picture declared, fitted to its bound."""
     import pyvips
 
+    from photo_publish.image import ladder
+
+    thumb, browse = rendered.variants[:2]
+    edges = ladder.steps(chosen.variant_widths, max(browse.width, browse.height))
+    expected_kinds = ("thumb", "browse", *(f"w{e}-{f}" for e in edges for f in chosen.variant_formats))
     kinds = tuple(variant.kind for variant in rendered.variants)
-    if kinds != ("thumb", "browse"):
+    if kinds != expected_kinds:
         raise Finding(f"variants {kinds}")
     limits = {"thumb": chosen.thumb_size, "browse": chosen.browse_size}
     for variant in rendered.variants:
-        if variant.data[:4] != b"RIFF" or variant.data[8:12] != b"WEBP":
-            raise Finding(f"the {variant.kind} is not a WebP")
+        magic = {"webp": variant.data[:4] == b"RIFF" and variant.data[8:12] == b"WEBP"}.get(
+            variant.extension, variant.data[4:12] == b"ftypavif"
+        )
+        if not magic:
+            raise Finding(f"the {variant.kind} is not a {variant.extension}")
         written = pyvips.Image.new_from_buffer(variant.data, "")
         size = (variant.width, variant.height)
         if (written.width, written.height) != size:
             raise Finding(f"the {variant.kind} says {size}, its file {written.width}x{written.height}")
-        if min(size) < 1 or max(size) > limits[variant.kind]:
+        bound = limits.get(variant.kind) or int(variant.kind[1:].split("-")[0])
+        if min(size) < 1 or max(size) > bound:
             raise Finding(f"the {variant.kind} is {size}")
     # The browse is the picture the header declared (the size recorded for the photo), fitted, never
     # enlarged; the thumb is the browse fitted.
-    thumb, browse = rendered.variants
     for variant, (width, height), bound in (
         (browse, (rendered.width, rendered.height), chosen.browse_size),
         (thumb, (browse.width, browse.height), chosen.thumb_size),

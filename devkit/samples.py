@@ -115,6 +115,7 @@ def heic(
     tile_size: int = 512,
     companions: int = 0,
     quality: int = 90,
+    exif: bytes | None = None,
 ) -> bytes:
     """An HEVC-coded HEIF as a phone writes one, made with pillow-heif (a test-only dependency).
 
@@ -127,7 +128,8 @@ def heic(
     - `companions`: that many more images in the file (burst frames, a spatial photo's other eye):
       the photograph's negative at half size, so that a wrong pick shows; the first is stored
       before the photograph, which stays the primary image.
-    It always carries EXIF (the camera's make and model), so there is metadata to strip.
+    It always carries EXIF, so there is metadata to strip: `exif` (a block, "Exif\\0\\0" first:
+    devkit/exif.py), or the camera's make and model and the orientation.
     """
     # pillow-heif's wheel bundles x265 (GPL): it makes fixtures here and never ships in a Lambda.
     import pillow_heif
@@ -149,14 +151,16 @@ def heic(
     mode = "RGB;16" if bits > 8 else "RGB"  # pillow-heif codes 16-bit pixels at `bit_depth` bits
     for image in images:
         file.add_frombytes(mode, (image.width, image.height), image.write_to_memory())
-    exif = Image.Exif()
-    exif[0x010F], exif[0x0110], exif[0x0112] = "Apple", "iPhone 15 Pro", orientation
+    if exif is None:
+        tags = Image.Exif()
+        tags[0x010F], tags[0x0110], tags[0x0112] = "Apple", "iPhone 15 Pro", orientation
+        exif = tags.tobytes()
     out = io.BytesIO()
     file.save(
         out,
         primary_index=1 if companions else 0,
         quality=quality,
-        exif=exif.tobytes(),
+        exif=exif,
         icc_profile=picture.get("icc-profile-data") if profile is not None else None,
         tile_size=tile_size,
         enc_params={"preset": "ultrafast"},  # 1 s for 4 MP, against 6 s at x265's default preset

@@ -613,10 +613,10 @@ def notification(bucket: str, planned: Planned) -> str:
     )
 
 
-# The backfill's recipe (a larger thumb under VARIANT_VERSION 2), deployed once a share of the
+# The backfill's recipe (a larger thumb, under the version after the functions' default), deployed once a share of the
 # photos is published on the first (whatever the machine's pace), then its steps, seconds after the
 # deployment: marked once the old containers are gone, stopped, resumed.
-RECIPE_VERSION = 2
+RECIPE_VERSION = next(f.default for f in fields(Settings) if f.name == "variant_version") + 1
 RECIPE_THUMB = 420
 BACKFILL_AFTER_PUBLISHED = 0.15
 BACKFILL_STEPS = [(6.0, "rerender --all"), (14.0, "stop"), (24.0, "rerender --all")]
@@ -923,7 +923,7 @@ class Run:
     def worker_env(self, settings: Settings, proxy_url: str) -> dict[str, str]:
         """What the template sets on the functions, with every AWS call going through the proxy."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
-        env |= {name.upper(): str(value) for name, value in asdict(settings).items() if value is not None}
+        env |= settings.environment()
         return env | {
             "AWS_ENDPOINT_URL": proxy_url,
             "POWERTOOLS_SERVICE_NAME": "photo-publish",

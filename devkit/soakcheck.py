@@ -36,6 +36,7 @@ from sqlalchemy import Engine, func, select
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.tables import deleted_photos
 from photo_publish.errors import ErrorCode
+from photo_publish.keys import is_ladder_kind
 
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VARIANT_PHOTO = re.compile(r"/variants/([0-9a-f-]{36})/")
@@ -474,7 +475,8 @@ class Checker:
         missing = [
             v.storage_key for v in variants if v.storage_key not in self.snap.objects.get(photo_id, [])
         ]
-        if kinds != ["browse", "thumb"] or missing:
+        # thumb, browse and the ladder's steps (each a w{edge}-{format} kind: keys.LADDER_KIND)
+        if kinds[:2] != ["browse", "thumb"] or not all(is_ladder_kind(k) for k in kinds[2:]) or missing:
             self.violated(photo_id, "variants", f"variant rows {kinds}, objects missing {missing}")
         recipe = self.inputs.recipe_version
         versions = {v.variant_version for v in variants} | {row.variant_version}

@@ -22,13 +22,20 @@ class Upload:
 
 
 def register(
-    engine: Engine, stage: str, file_name: str, album_id: UUID | None = None, photo_id: UUID | None = None
+    engine: Engine,
+    stage: str,
+    file_name: str,
+    album_id: UUID | None = None,
+    photo_id: UUID | None = None,
+    *,
+    keep_location: bool = False,
 ) -> Upload:
-    """The API's insert: a photo row and its job row, every other column left to its default."""
+    """The API's insert: a photo row and its job row, every other column left to its default (but
+    the user's agreement to keep its location, where given)."""
     upload_ = Upload(album_id or uuid.uuid4(), photo_id or uuid.uuid4(), "")
     key = original_key(stage, upload_.album_id, upload_.photo_id, file_name)
     with engine.begin() as connection:
-        machine.register(connection, upload_.photo_id, upload_.album_id, key)
+        machine.register(connection, upload_.photo_id, upload_.album_id, key, keep_location=keep_location)
     return Upload(upload_.album_id, upload_.photo_id, key)
 
 
@@ -46,7 +53,8 @@ def upload(
     file_name: str,
     data: bytes,
     album_id: UUID | None = None,
+    keep_location: bool = False,
 ) -> Upload:
-    registered = register(engine, stage, file_name, album_id)
+    registered = register(engine, stage, file_name, album_id, keep_location=keep_location)
     put_original(s3, bucket, registered.key, data)
     return registered

@@ -24,7 +24,7 @@ import json, resource, sys, time
 cap = int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))  # first, before libvips starts a thread
 from photo_publish.errors import PhotoError
-from photo_publish.image.pipeline import RenderOptions, render
+from photo_publish.image.pipeline import RenderAlone, RenderOptions, render
 options = RenderOptions(**json.loads(sys.argv[2]))
 started = time.monotonic()
 with open(sys.argv[1], "rb") as stream:
@@ -33,6 +33,8 @@ with open(sys.argv[1], "rb") as stream:
         result = {"code": None, "size": [rendered.width, rendered.height], "loader": rendered.loader}
     except PhotoError as error:
         result = {"code": str(error.code), "detail": error.detail}
+    except RenderAlone as alone:
+        result = {"code": "RENDER_ALONE", "detail": str(alone.needs)}
     result["bytes_read"] = stream.tell()
 result["seconds"] = time.monotonic() - started
 # VmHWM, not getrusage: Linux carries the parent's peak across fork and exec into ru_maxrss.
@@ -44,7 +46,7 @@ print(json.dumps(result))
 
 @dataclass(frozen=True)
 class Outcome:
-    code: str | None  # None: rendered
+    code: str | None  # None: rendered; RENDER_ALONE: over its shared slot (detail: its estimate)
     size: tuple[int, int] | None
     loader: str | None
     bytes_read: int

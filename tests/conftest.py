@@ -6,7 +6,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +95,29 @@ class Infra:
     def configure(self, **overrides: Any) -> Settings:
         """Point the functions' environment at this test's stack (as the template would)."""
         self.settings = replace(self.settings, **overrides)
-        for name, value in asdict(self.settings).items():
-            if value is not None:
-                self.monkeypatch.setenv(name.upper(), str(value))
+        for name, value in self.settings.environment().items():
+            self.monkeypatch.setenv(name, value)
         bootstrap.reset()
         return self.settings
+
+    def use_queues(
+        self, name: str, *, max_receive_count: int = 5, visibility_timeout: int = 60, **overrides: Any
+    ) -> Settings:
+        """A fresh queue pair of its own (a redrive or a visibility the test needs) notified by the test
+        bucket, and the functions pointed at it (their MAX_RECEIVE_COUNT its redrive's), with
+        `overrides`."""
+        queues = stack.create_queues(
+            self.sqs, name, max_receive_count=max_receive_count, visibility_timeout=visibility_timeout
+        )
+        stack.notify(self.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        stack.drop_test_events(self.sqs, queues.url)
+        self.queues = queues
+        return self.configure(
+            process_queue_url=queues.url,
+            dead_letter_queue_url=queues.dead_letter_url,
+            max_receive_count=max_receive_count,
+            **overrides,
+        )
 
 
 @pytest.fixture
@@ -126,7 +144,35 @@ def infra(
 
 
 @pytest.fixture
+def recipe_before_the_ladder(infra: Infra) -> Infra:
+    """Photos published at version 1, the recipe before the responsive ladder (thumb and browse
+    alone): where every deployment's photos are before a backfill moves them to a newer recipe."""
+    infra.configure(variant_version=1, variant_widths=())
+    return infra
+
+
+@pytest.fixture
 def fast(infra: Infra) -> Infra:
     """Backoffs of 1 s and 2 s instead of 30 s and 60 s."""
     infra.configure(retry_base_seconds=1)
     return infra
+
+
+@pytest.fixture(scope="session")
+def fullsize_corpus() -> Path:
+    """devkit/fullsize.py's photos at the pixel limit, made in a child process where missing (making
+    them holds 100 MP pictures; a few minutes the first time, then kept in .local/fullsize)."""
+    import subprocess
+    import sys
+
+    from benchmarks import child
+    from devkit import fullsize
+
+    subprocess.run(
+        [sys.executable, "-m", "devkit.fullsize", str(fullsize.FOLDER)],
+        check=True,
+        cwd=stack.ROOT,
+        env=child.env(),
+        stdout=subprocess.DEVNULL,
+    )
+    return fullsize.FOLDER

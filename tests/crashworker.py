@@ -1,4 +1,5 @@
-"""A worker process for the crash tests: the real process handler, fed as devkit/poller.py feeds it.
+"""A worker process for the crash and memory tests: the real process handler, fed as devkit/poller.py
+feeds it.
 
     python -m tests.crashworker
 
@@ -14,12 +15,31 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import IO
 
 from devkit import handlers
 from devkit.poller import Poller
 from photo_publish import bootstrap
 from photo_publish.image import heic
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(log: IO[bytes], **environment: str) -> subprocess.Popen[bytes]:
+    """A worker in its own process, with this process' environment and `environment`, its output to
+    `log`."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'functions' / 'process'}:{ROOT / 'shared'}:{ROOT}",
+        **environment,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.crashworker"], cwd=ROOT, env=env, stdout=log, stderr=log
+    )
 
 
 def main() -> None:

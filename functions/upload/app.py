@@ -2,7 +2,8 @@
 
     POST   /albums/{albumId}/photos   {"fileName", "contentType", "size", "keepLocation"?}
                                       -> 201 {"photoId", "upload": {"url", "fields"}, "expiresAt"}
-    GET    /photos/{photoId}          -> 200 the photo's state, error in words, variants, placeholder
+    GET    /photos/{photoId}          -> 200 the photo's state, error in words, variants, placeholder,
+                                      capture metadata
     DELETE /photos/{photoId}          -> 204
 
 Who may call it is the API's authorizer (AWS_IAM by default: the app's backend signs, a browser
@@ -68,7 +69,7 @@ def register(album_id: str) -> Response[str]:
             file_name=request.get("fileName") or "",
             content_type=request.get("contentType") or "",
             size=request.get("size"),
-            keep_location=request.get("keepLocation") is True,
+            keep_location=request.get("keepLocation", False),
             owner=_user(),
         )
     except uploads.Refused as refused:

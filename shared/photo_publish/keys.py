@@ -6,10 +6,27 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 from uuid import UUID
 
-VariantKind = Literal["thumb", "browse"]
+# "thumb", "browse", or a step of the responsive ladder (SPEC 18): `w{long edge}-{format}`, as
+# `w640-webp` and `w640-avif`. The format is part of the kind because a photo has one row a kind
+# (photo_variants' unique (photo_id, kind)) and the ladder is rendered in each format; the number is
+# the step's long edge in pixels, as VARIANT_WIDTHS lists it (a portrait's width is smaller).
+VariantKind = str
+FIXED_KINDS = ("thumb", "browse")
+# The migration's CHECK on photo_variants.kind says the same (0011).
+LADDER_KIND = re.compile(r"w([1-9][0-9]{0,4})-(webp|avif)")
+
+
+def ladder_kind(long_edge: int, image_format: str) -> VariantKind:
+    kind = f"w{long_edge}-{image_format}"
+    if not LADDER_KIND.fullmatch(kind):
+        raise ValueError(f"not a ladder step: {long_edge} pixels in {image_format!r}")
+    return kind
+
+
+def is_ladder_kind(kind: str) -> bool:
+    return LADDER_KIND.fullmatch(kind) is not None
 
 
 class MalformedKey(ValueError):

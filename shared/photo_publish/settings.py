@@ -8,6 +8,8 @@ from datetime import timedelta
 from types import NoneType
 from typing import Any, Self
 
+from photo_publish.image.slots import NOMINAL_RESIDENT, TEMPLATE_MEMORY_MB, DecodeBudget, TooSmall
+
 
 class InvalidSettings(ValueError):
     """Configuration the functions cannot run with; the message names each variable and its rule."""
@@ -39,6 +41,27 @@ _EVENT_BUS = (
     r"(|[/.\-_A-Za-z0-9]{1,256}|arn:aws[a-z-]*:events:[a-z0-9-]+:[0-9]{12}:event-bus/[/.\-_A-Za-z0-9]{1,256})"
 )
 
+
+def _ladder() -> dict[str, _Rule]:
+    def rule(widths: tuple[int, ...]) -> str | None:
+        if any(width < 16 for width in widths):
+            return "must list long edges of at least 16 pixels"
+        return None if len(set(widths)) == len(widths) else "must not list a size twice"
+
+    return {"rule": rule}
+
+
+def _formats() -> dict[str, _Rule]:
+    allowed = (("webp",), ("webp", "avif"))
+    return {"rule": lambda value: None if value in allowed else "must be webp or webp,avif"}
+
+
+# The AVIF encoder's defaults (RenderOptions shares them). benchmarks/ladder.py, at equal SSIMULACRA2
+# to WebP's quality 80 effort 2: effort 0 at quality 52 is 78% of WebP's bytes for 1.2x its encode
+# time, effort 1 at 51 73% for 3.4x, effort 2 70% for 6.7x, effort 4 61% for 46x. Only effort 0
+# keeps the ladder in both formats within 2x the two-variant render (effort 1: 3x; docs/variants.md).
+AVIF_QUALITY = 52
+AVIF_EFFORT = 0
 
 # A claim older than this is its dead worker's; a dead letter's sender holds it as long (SPEC 5).
 STALE_AFTER_SECONDS = 300
@@ -117,14 +140,31 @@ class Settings:
     # The render's bounds whatever the file's shape (SPEC 3; see RenderOptions, benchmarks/hostile.py).
     max_input_dimension: int = field(default=32_768, metadata=_between(1))
     max_input_row_bytes: int = field(default=196_608, metadata=_between(1))
-    max_decode_buffer_bytes: int = field(default=240_000_000, metadata=_between(1))
+    # The function's memory in MB, which Lambda sets from MemorySize (the template's ProcessMemorySize):
+    # what a decoder may hold follows from it (decode_budget). Elsewhere, the template's default.
+    aws_lambda_function_memory_size: int = field(default=TEMPLATE_MEMORY_MB, metadata=_between(128, 10240))
     render_timeout_seconds: float = field(default=30.0, metadata=_between(1))
 
     thumb_size: int = field(default=400, metadata=_between(16))
     browse_size: int = field(default=2048, metadata=_between(16))
     webp_quality: int = field(default=80, metadata=_between(1, 100))
     webp_effort: int = field(default=2, metadata=_between(0, 6))  # see RenderOptions.effort
-    variant_version: int = field(default=1, metadata=_between(1))
+    # Version 2: the recipe with the responsive ladder (SPEC 18); 1 rendered thumb and browse alone.
+    variant_version: int = field(default=2, metadata=_between(1))
+    # The responsive ladder (SPEC 18): long edges in pixels, each resized from the browse already in
+    # memory, at most BROWSE_SIZE ("none": no ladder). With the thumb (400) below it: 640 (phones at
+    # 2x, a laptop's content column), 1280 (phones at 3x, 1x screens), 2048 (the browse itself, no
+    # second encode in WebP): steps 1.6-2x apart, as sites' srcsets run (Next.js' 640-2048). The
+    # benchmark's numbers: this ladder costs 1.3x the two-variant render's CPU; 320,640,960,1280
+    # cost 1.4x, over the 1.35x this project allows the ladder (docs/variants.md).
+    variant_widths: tuple[int, ...] = field(default=(640, 1280, 2048), metadata=_ladder())
+    # The ladder's formats: "webp", or "webp,avif" for the same ladder in AVIF too (thumb and browse
+    # stay WebP).
+    variant_formats: tuple[str, ...] = field(default=("webp",), metadata=_formats())
+    # AVIF (libheif's AV1 encoder, aom): chosen at equal SSIMULACRA2 to WebP's quality 80 over the
+    # bench corpus and the sample set (benchmarks/ladder.py, docs/variants.md).
+    avif_quality: int = field(default=AVIF_QUALITY, metadata=_between(1, 100))
+    avif_effort: int = field(default=AVIF_EFFORT, metadata=_between(0, 9))
     # The backfill (SPEC 14): job messages a sweep run sends, only while the process queue holds
     # fewer than BACKFILL_MAX_QUEUE_DEPTH messages (new uploads never wait behind a backfill), and
     # how long a replaced version's objects are kept for the clients and caches still holding them.
@@ -179,6 +219,15 @@ class Settings:
             raise InvalidSettings("; ".join(problems))
         return cls(**values)
 
+    def environment(self) -> dict[str, str]:
+        """The variables `from_env` reads back as these settings (unset ones left out): what the
+        template sets, for a function run in another process or in-process by the tools and tests."""
+        return {
+            spec.name.upper(): _text(value)
+            for spec in fields(self)
+            if (value := getattr(self, spec.name)) is not None
+        }
+
     @property
     def originals_prefix(self) -> str:
         return f"{self.stage}/originals/"
@@ -189,9 +238,47 @@ class Settings:
         stale (a render that raced the deletion may have put variants meanwhile)."""
         return timedelta(seconds=self.stale_after_seconds + self.record_budget_seconds)
 
+    def decode_budget(self, resident: int | None = None) -> DecodeBudget:
+        """What a render's decoder may hold, in a shared slot and alone (image/slots.py), given this
+        process's resident set (measured where it can be, else the function's as measured here).
+
+        Asked by the process function only, when it builds its service (its first batch): the other
+        functions render nothing, whatever their memory.
+        """
+        resident = NOMINAL_RESIDENT if resident is None else resident
+        memory, records, renders = (
+            self.aws_lambda_function_memory_size,
+            self.record_concurrency,
+            self.render_concurrency,
+        )
+        try:
+            return DecodeBudget.of(memory_mb=memory, records=records, renders=renders, resident=resident)
+        except TooSmall as error:
+            raise InvalidSettings(
+                f"AWS_LAMBDA_FUNCTION_MEMORY_SIZE ({memory}) is too small for RECORD_CONCURRENCY "
+                f"({records}) and RENDER_CONCURRENCY ({renders}): {error}"
+            ) from None
+
     def backoff_seconds(self, attempt: int) -> int:
         """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
         return int(self.retry_base_seconds * 2 ** max(attempt - 1, 0))
+
+
+def _text(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) if value else "none"
+    return str(value)
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated integers ("320,640"); "none" for no size at all."""
+    if text.lower() == "none":
+        return ()
+    return tuple(int(part) for part in text.split(","))
+
+
+def _parse_names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip().lower() for part in text.split(","))
 
 
 def _parse_bool(text: str) -> bool:
@@ -208,7 +295,13 @@ class _Kind:
     parse: Callable[[str], object]
     types: tuple[type, ...]
 
+    # For a tuple: what each of its members must be.
+    members: type | None = None
+
     def accepts(self, value: object) -> bool:
+        if self.members is not None:
+            members = self.members
+            return isinstance(value, tuple) and all(_KINDS[members].accepts(member) for member in value)
         # True is an int to Python, never a number to these settings.
         return isinstance(value, self.types) and (bool in self.types or not isinstance(value, bool))
 
@@ -221,6 +314,8 @@ _KINDS: dict[object, _Kind] = {
     int: _Kind("an integer", int, (int,)),
     float: _Kind("a number", float, (int, float)),
     bool: _Kind("true or false (or 1/0, yes/no, on/off)", _parse_bool, (bool,)),
+    tuple[int, ...]: _Kind("comma-separated integers (or none)", _parse_sizes, (tuple,), int),
+    tuple[str, ...]: _Kind("comma-separated names", _parse_names, (tuple,), str),
 }
 
 
@@ -247,6 +342,18 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
         # The redrive would take a message before its attempts are spent: an upload whose photo row
         # never appears would then be handed on as a job message without its key, and lost.
         problems.append(f"MAX_ATTEMPTS ({attempts}) must not exceed MAX_RECEIVE_COUNT ({receives})")
+    widths = values.get("variant_widths", _DEFAULTS["variant_widths"])
+    browse = values.get("browse_size", _DEFAULTS["browse_size"])
+    if (
+        isinstance(widths, tuple)
+        and isinstance(browse, int)
+        and any(w > browse for w in widths if isinstance(w, int))
+    ):
+        # The ladder is made from the browse: a larger step would only ever be the browse's size again.
+        problems.append(f"VARIANT_WIDTHS ({widths}) must not exceed BROWSE_SIZE ({browse})")
+    if values.get("variant_formats") == ("webp", "avif") and widths == ():
+        # AVIF is the ladder's alone: with no ladder it would render nothing, silently.
+        problems.append("VARIANT_FORMATS webp,avif needs a ladder (VARIANT_WIDTHS is none)")
     if values.get("db_sslmode", "require") != "require" and not values.get("db_sslrootcert"):
         problems.append("DB_SSLMODE verify-ca and verify-full need DB_SSLROOTCERT (the CA bundle's path)")
     return problems

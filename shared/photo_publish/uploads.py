@@ -20,8 +20,16 @@ from sqlalchemy import Engine, select
 from photo_publish.adapters.tables import photo_jobs, photo_variants, photos
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
-from photo_publish.keys import MalformedKey, clean_file_name, original_key, parse_uuid, photo_prefixes
+from photo_publish.keys import (
+    FIXED_KINDS,
+    MalformedKey,
+    clean_file_name,
+    original_key,
+    parse_uuid,
+    photo_prefixes,
+)
 from photo_publish.outbox import writer
+from photo_publish.publish.transaction import capture_of
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:
@@ -86,7 +94,9 @@ def register(
 ) -> Registration:
     """A new photo in `album_id` and the POST that uploads its original; Refused for a request that
     cannot be one (an album id that is not a UUID, a file name that cleans to nothing, a type SPEC 3
-    does not decode, a size outside 1..MAX_ORIGINAL_BYTES). `s3` signs the POST: give it
+    does not decode, a size outside 1..MAX_ORIGINAL_BYTES, a keep_location that is not a bool).
+    `keep_location`: the user agreed to keep the photo's GPS position on its record (never in a
+    variant); without it, its GPS tags are never read. `s3` signs the POST: give it
     `Config(signature_version="s3v4")` (bootstrap.s3_client() has it), as botocore otherwise signs
     presigned requests with SigV2, which S3 refuses on buckets created since June 2020."""
     album = _album(album_id)
@@ -98,6 +108,8 @@ def register(
     limit = settings.max_original_bytes
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit):
         raise Refused("SIZE_INVALID", f"size must be between 1 and {limit} bytes, got {size!r}")
+    if not isinstance(keep_location, bool):
+        raise Refused("KEEP_LOCATION_INVALID", f"keepLocation must be true or false, got {keep_location!r}")
 
     photo_id = uuid.uuid4()
     key = original_key(settings.stage, album, photo_id, name)
@@ -153,8 +165,9 @@ def status(
     engine: Engine, photo_id: str | UUID, *, base_url: str = "", owner: str | None = None
 ) -> dict[str, Any] | None:
     """What a polling client needs: the state, the error in words, the variants (with URLs under
-    `base_url` when one is set) and the placeholder; None for an unknown photo, or, given an
-    `owner`, for one that user did not register."""
+    `base_url` when one is set), the placeholder and, once published, the capture metadata (as the
+    payload carries it); None for an unknown photo, or, given an `owner`, for one that user did
+    not register."""
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
@@ -170,7 +183,7 @@ def status(
         variants = connection.execute(
             select(photo_variants)
             .where(photo_variants.c.photo_id == photo_uuid)
-            .order_by(photo_variants.c.width)
+            .order_by(photo_variants.c.width, photo_variants.c.content_type.desc())
         ).all()
     # A failed photo given its attempts again (a new upload, the operator's retry) is processing
     # until it publishes or fails anew; its old code says nothing more until then.
@@ -189,21 +202,24 @@ def status(
         "entityVersion": photo.entity_version,
         "width": photo.width,
         "height": photo.height,
-        "variants": {
-            v.kind: {
-                "key": v.storage_key,
-                "width": v.width,
-                "height": v.height,
-                "bytes": v.bytes,
-                "contentType": v.content_type,
-            }
-            | ({"url": f"{base}/{v.storage_key}"} if base else {})
-            for v in variants
-        },
+        "variants": {v.kind: _variant(v, base) for v in variants if v.kind in FIXED_KINDS},
+        # The responsive ladder (SPEC 18), by width, WebP before AVIF: a srcset's entries.
+        "ladder": [_variant(v, base) for v in variants if v.kind not in FIXED_KINDS],
         "placeholder": (
             {"thumbhash": photo.thumbhash, "averageColor": photo.average_color} if photo.thumbhash else None
         ),
+        "capture": capture_of(photo).to_json() if photo.processing_state == "ready" else None,
     }
+
+
+def _variant(row: Any, base: str) -> dict[str, Any]:
+    return {
+        "key": row.storage_key,
+        "width": row.width,
+        "height": row.height,
+        "bytes": row.bytes,
+        "contentType": row.content_type,
+    } | ({"url": f"{base}/{row.storage_key}"} if base else {})
 
 
 def delete(

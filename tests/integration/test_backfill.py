@@ -21,6 +21,9 @@ from tests.polling import poll_until, process
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg")
 
+# Each test starts from the recipe before the ladder, as version 1, and moves to a version 2.
+pytestmark = pytest.mark.usefixtures("recipe_before_the_ladder")
+
 
 def publish_all(infra: Infra, db: Engine, names: tuple[str, ...] = PHOTOS) -> list[UUID]:
     shots = [

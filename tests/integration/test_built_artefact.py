@@ -17,7 +17,6 @@ import subprocess
 import textwrap
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +164,7 @@ def function_env(infra: Infra) -> dict[str, str]:
     """The environment the template gives the functions, pointing at this test's stack."""
     import os
 
-    env = {name.upper(): str(value) for name, value in asdict(infra.settings).items() if value is not None}
+    env = infra.settings.environment()
     env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     env |= {
         "PATH": "/usr/bin:/bin",
@@ -256,7 +255,8 @@ def test_the_built_process_function_publishes_a_jpeg_and_an_iphone_heic(
         assert tuple(photos[shot.photo_id])[1:4] == ("ready", "published", 2)
     assert (photos[shots[1].photo_id].width, photos[shots[1].photo_id].height) == (2560, 1920)
     assert events == 2
-    assert len(variants) == 4
+    # thumb, browse and the default ladder (640, 1280, and 2048: the browse's object) for each
+    assert len(variants) == 2 * (2 + len(infra.settings.variant_widths))
     for key, content_type in variants:
         head = infra.s3.head_object(Bucket=BUCKET, Key=key)
         assert head["ContentType"] == content_type == "image/webp"

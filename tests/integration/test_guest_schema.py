@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import requests
+from alembic import command
 from psycopg.errors import InsufficientPrivilege
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import ProgrammingError
@@ -161,11 +162,11 @@ def test_a_deployment_from_before_takes_its_history_over_from_alembics_default_t
         connection.exec_driver_sql("DROP TABLE photos, alembic_version")
     engine.dispose()
     migrate.upgrade(fresh)
+    # (Down to 0009 by the migrations' own downgrades: whatever later ones add is gone again.)
+    command.downgrade(migrate.config(fresh), "0009")
     engine = create_engine(sqlalchemy_url(fresh))
     with engine.begin() as connection:
         connection.exec_driver_sql(f"ALTER TABLE {migrate.VERSION_TABLE} RENAME TO alembic_version")
-        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '0009'")
-        connection.exec_driver_sql("ALTER TABLE photos DROP COLUMN owner")
     engine.dispose()
 
     # WHEN the migrations run

@@ -216,6 +216,7 @@ def letters_in_full(infra: Infra) -> dict[str, tuple[dict[str, Any], dict[str, A
     return found
 
 
+@pytest.mark.usefixtures("recipe_before_the_ladder")
 def test_a_rerender_that_fails_for_good_pages_as_a_rerender_not_as_a_failed_photo(
     infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -261,6 +262,7 @@ def test_a_rerender_that_fails_for_good_pages_as_a_rerender_not_as_a_failed_phot
 # --- 5: a duplicate delivery for a published photo settles a backfill's mark --------------------
 
 
+@pytest.mark.usefixtures("recipe_before_the_ladder")
 def test_a_duplicate_delivery_racing_the_backfills_start_never_drops_the_rerender(
     infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

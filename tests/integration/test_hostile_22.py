@@ -119,6 +119,7 @@ def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_redr
     assert (summary.messages_removed, summary.left_in_queue, summary.photos) == (1, 0, [])
 
 
+@pytest.mark.usefixtures("recipe_before_the_ladder")
 def test_a_deleted_photo_that_was_rerendered_leaves_no_retired_variant_rows(
     infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:

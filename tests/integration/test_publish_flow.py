@@ -52,15 +52,19 @@ def test_an_uploaded_photo_is_published_with_variants_rows_and_one_outbox_event(
     assert (photo.width, photo.height) == (2560, 1600)
     assert photo.published_at is not None and photo.error_code is None
     assert row(db, PhotoJob, upload.photo_id).status == "done"
-    # AND both variants are stored under the versioned prefix, immutable, as WebP
+    # AND thumb, browse and the default ladder are stored under the versioned prefix, immutable, as WebP
     with db.connect() as connection:
         variants = {v.kind: v for v in connection.execute(select(PhotoVariant)).all()}
         events = connection.execute(select(OutboxEvent)).all()
-    assert set(variants) == {"thumb", "browse"}
+    ladder = [f"w{width}-webp" for width in sorted(infra.settings.variant_widths)]
+    assert set(variants) == {"thumb", "browse", *ladder}
+    version = infra.settings.variant_version
     for kind, variant in variants.items():
+        # (the ladder's step at the browse's size is the browse object, stored once)
+        own = "browse" if kind == "w2048-webp" else kind
         assert (
             variant.storage_key
-            == f"{STAGE}/albums/{upload.album_id}/variants/{upload.photo_id}/1/{kind}.webp"
+            == f"{STAGE}/albums/{upload.album_id}/variants/{upload.photo_id}/{version}/{own}.webp"
         )
         head = infra.s3.head_object(Bucket=BUCKET, Key=variant.storage_key)
         assert head["ContentType"] == "image/webp"
@@ -80,10 +84,15 @@ def test_an_uploaded_photo_is_published_with_variants_rows_and_one_outbox_event(
     assert event.payload["photoId"] == str(upload.photo_id)
     assert event.payload["variants"]["browse"]["key"] == variants["browse"].storage_key
     assert event.payload["variants"]["thumb"]["bytes"] == variants["thumb"].bytes
-    # AND the placeholder (schema version 2) is the one stored on the photo
-    assert event.payload["schemaVersion"] == 2
+    # AND the placeholder and the ladder (schema version 3) are the ones stored; the capture (3 on)
+    # is there, empty for a photograph whose EXIF is
+    assert event.payload["schemaVersion"] == 3
+    assert set(event.payload["capture"].values()) == {None}
     assert event.payload["placeholder"] == {"thumbhash": photo.thumbhash, "averageColor": photo.average_color}
     assert photo.thumbhash and photo.average_color.startswith("#")
+    assert [step["key"] for step in event.payload["ladder"]] == [
+        variants[kind].storage_key for kind in ladder
+    ]
     assert poller.failed == 0
 
 

@@ -237,6 +237,7 @@ def test_a_reupload_of_a_failed_photo_through_a_database_outage_at_the_receive_l
 # --- finding 2: an owed letter of a failed re-render, and the backfill resumed -------------------
 
 
+@pytest.mark.usefixtures("recipe_before_the_ladder")
 def test_a_resumed_backfill_never_breaks_the_sweep_on_a_failed_rerenders_owed_letter(
     infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -352,6 +353,7 @@ def test_an_operator_redrive_takes_back_an_owed_dead_letter_so_the_published_pho
 # --- finding 6: a redrive of a failed re-render's letter -----------------------------------------
 
 
+@pytest.mark.usefixtures("recipe_before_the_ladder")
 def test_a_redrive_of_a_failed_rerenders_letter_takes_the_rerender_up_again(
     infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -389,6 +391,7 @@ def test_a_redrive_of_a_failed_rerenders_letter_takes_the_rerender_up_again(
 # --- finding (c): the dry run counts what the backfill marks -------------------------------------
 
 
+@pytest.mark.usefixtures("recipe_before_the_ladder")
 def test_the_backfill_dry_run_counts_what_it_marks_and_every_counted_photo_is_rerendered(
     infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -243,7 +243,16 @@ class JobStateMachine(RuleBasedStateMachine):
         `rerender --all`: the sweep sends the marked photos while the queue is short, each
         re-render publishing anew."""
         self.version += 1
-        self._deploy(replace(self.settings, variant_version=self.version, thumb_size=300 + 20 * self.version))
+        # (and the responsive ladder: the photos start at the recipe before it)
+        ladder = Settings.__dataclass_fields__["variant_widths"].default
+        self._deploy(
+            replace(
+                self.settings,
+                variant_version=self.version,
+                thumb_size=300 + 20 * self.version,
+                variant_widths=ladder,  # type: ignore[arg-type]
+            )
+        )
         backfill.mark(
             self.engine, self.version, backfill.Selection(), lease_seconds=self.settings.stale_after_seconds
         )
@@ -408,7 +417,14 @@ class JobStateMachine(RuleBasedStateMachine):
 @pytest.mark.slow
 def test_the_job_state_machine_keeps_its_invariants(db: Engine, database_url: str) -> None:
     JobStateMachine.engine = db
-    JobStateMachine.base = Settings(database_url=database_url, photo_bucket="photo-publish-test", stage=STAGE)
+    # The photos start at version 1, the recipe before the responsive ladder; a rule deploys newer ones.
+    JobStateMachine.base = Settings(
+        database_url=database_url,
+        photo_bucket="photo-publish-test",
+        stage=STAGE,
+        variant_version=1,
+        variant_widths=(),
+    )
     run_state_machine_as_test(JobStateMachine, settings=settings.get_profile(PROFILE))
 
 
@@ -497,10 +513,9 @@ class RealHandlerMachine(JobStateMachine):
     def _deploy(self, settings: Settings) -> None:
         """The functions' environment at the new recipe, as a deploy sets it (new containers)."""
         self.settings = settings
-        os.environ["VARIANT_VERSION"], os.environ["THUMB_SIZE"] = (
-            str(settings.variant_version),
-            str(settings.thumb_size),
-        )
+        recipe = settings.environment()
+        for name in ("VARIANT_VERSION", "THUMB_SIZE", "VARIANT_WIDTHS"):
+            os.environ[name] = recipe[name]
         bootstrap.reset()
         self.sweeper = Sweeper(
             self.engine, self.queue, settings, store=S3Store(self.s3, REAL_BUCKET), batch_size=2
@@ -550,7 +565,10 @@ def test_the_real_handler_keeps_the_invariants(
     queues = stack.create_queues(
         sqs, f"machine-{uuid.uuid4().hex[:12]}", max_receive_count=5, visibility_timeout=60
     )
+    # The photos start at version 1, the recipe before the responsive ladder; a rule deploys newer ones.
     base = Settings(
+        variant_version=1,
+        variant_widths=(),
         database_url=database_url,
         photo_bucket=REAL_BUCKET,
         stage=STAGE,
@@ -561,9 +579,8 @@ def test_the_real_handler_keeps_the_invariants(
         sweep_after_seconds=600,
     )
     # The functions' environment, as the template sets it, for bootstrap to build the real parts.
-    for name, value in asdict(base).items():
-        if value is not None:
-            monkeypatch.setenv(name.upper(), str(value))
+    for name, value in base.environment().items():
+        monkeypatch.setenv(name, value)
     bootstrap.reset()
     RealHandlerMachine.engine, RealHandlerMachine.base = db, base
     RealHandlerMachine.s3, RealHandlerMachine.sqs, RealHandlerMachine.queues = s3, sqs, queues

@@ -34,6 +34,7 @@ from devkit import handlers, samples
 from devkit.poller import LambdaContext
 from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.events import from_sqs_body
+from photo_publish.image import slots
 from photo_publish.keys import original_key, variant_key
 from photo_publish.settings import Settings
 from tests.conftest import Infra
@@ -256,13 +257,13 @@ SHARED_NUMBERS = {
     "MAX_ORIGINAL_BYTES": "max_original_bytes",
     "MAX_INPUT_DIMENSION": "max_input_dimension",
     "MAX_INPUT_ROW_BYTES": "max_input_row_bytes",
-    "MAX_DECODE_BUFFER_BYTES": "max_decode_buffer_bytes",
     "RENDER_TIMEOUT_SECONDS": "render_timeout_seconds",
-    "VARIANT_VERSION": "variant_version",
     "THUMB_SIZE": "thumb_size",
     "BROWSE_SIZE": "browse_size",
     "WEBP_QUALITY": "webp_quality",
     "WEBP_EFFORT": "webp_effort",
+    "AVIF_QUALITY": "avif_quality",
+    "AVIF_EFFORT": "avif_effort",
     "BACKFILL_BATCH_SIZE": "backfill_batch_size",
     "BACKFILL_MAX_QUEUE_DEPTH": "backfill_max_queue_depth",
     "BACKFILL_SPREAD_SECONDS": "backfill_spread_seconds",
@@ -295,6 +296,73 @@ def test_every_number_the_code_knows_comes_from_the_mappings_with_the_settings_d
         for name in stack.functions():
             value = stack.function(name)["Environment"]["Variables"][variable]
             assert int(value) == DEFAULTS[setting], (name, variable)
+
+
+def test_what_a_render_may_hold_follows_the_process_functions_memory_which_lambda_passes(
+    stack: Stack,
+) -> None:
+    # GIVEN the process function's memory, a parameter, and the environment the template gives it
+    memory = stack.function("ProcessFunction")["MemorySize"]
+    variables = stack.function("ProcessFunction")["Environment"]["Variables"]
+
+    # THEN its default is the memory the code assumes where Lambda does not say (a render outside the
+    # function, sam local's default), and the template sets no number of its own for the decoders:
+    # Lambda passes the memory as AWS_LAMBDA_FUNCTION_MEMORY_SIZE, a variable it reserves
+    assert int(memory) == DEFAULTS["aws_lambda_function_memory_size"] == slots.TEMPLATE_MEMORY_MB
+    assert "AWS_LAMBDA_FUNCTION_MEMORY_SIZE" not in variables
+    assert not {name for name in variables if "DECODE" in name}
+    # AND the least memory the parameter allows still holds the default renders at once
+    least = int(document()["Parameters"]["ProcessMemorySize"]["MinValue"])
+    budget = slots.DecodeBudget.of(
+        memory_mb=least, records=DEFAULTS["record_concurrency"], renders=DEFAULTS["render_concurrency"]
+    )
+    assert budget.slot > 0
+
+
+# The recipe's parts an operator changes at deploy (SPEC 14, 18): parameters, each a setting.
+RECIPE_PARAMETERS = {
+    "VariantVersion": "VARIANT_VERSION",
+    "VariantWidths": "VARIANT_WIDTHS",
+    "VariantFormats": "VARIANT_FORMATS",
+}
+
+
+def test_the_recipe_parameters_default_to_the_settings_defaults_and_allow_only_valid_settings(
+    stack: Stack,
+) -> None:
+    parameters = document()["Parameters"]
+    fields = {f"{f.name.upper()}": f.name for f in dataclasses.fields(Settings)}
+    deployed = stack.function("ProcessFunction")["Environment"]["Variables"]
+    for parameter, variable in RECIPE_PARAMETERS.items():
+        # GIVEN the variable every function gets from the parameter
+        for name in stack.functions():
+            env = stack.function(name)["Environment"]["Variables"]
+            # THEN its default is the code's default
+            assert getattr(Settings.from_env(env), fields[variable]) == DEFAULTS[fields[variable]], variable
+        # ... and each value the parameter allows is one the settings accept
+        allowed = parameters[parameter].get("AllowedValues", [])
+        for value in allowed:
+            Settings.from_env(deployed | {variable: value})
+    # the ladder's pattern allows "none" and lists, and refuses what the settings refuse
+    pattern = re.compile(parameters["VariantWidths"]["AllowedPattern"])
+    for accepted in ("none", "320", "320,640,960,1280", "2048"):
+        assert pattern.fullmatch(accepted)
+        Settings.from_env(deployed | {"VARIANT_WIDTHS": accepted})
+    for refused in ("", "320,", "0,640", "320;640", "abc", " 320"):
+        assert not pattern.fullmatch(refused), refused
+
+
+def test_a_deploy_with_avif_on_gives_every_function_the_same_recipe() -> None:
+    # GIVEN the stack deployed with the ladder in both formats under a new version
+    stack = Stack(VariantVersion="3", VariantWidths="480,960", VariantFormats="webp,avif")
+    # THEN every function (the process function renders it, the operator and the sweep record and
+    # backfill to it) reads the same recipe
+    recipes = {
+        name: (s.variant_version, s.variant_widths, s.variant_formats)
+        for name in stack.functions()
+        for s in [Settings.from_env(stack.function(name)["Environment"]["Variables"])]
+    }
+    assert set(recipes.values()) == {(3, (480, 960), ("webp", "avif"))}, recipes
 
 
 def test_the_redrive_dead_letters_after_max_receive_count(stack: Stack) -> None:

@@ -93,6 +93,9 @@ def shown(value: object) -> str:
         return "true" if value else "false"
     if value == "":
         return "empty"
+    if isinstance(value, tuple):
+        # as the variable is written (Settings.environment): comma-joined, "none" for no item
+        return ",".join(map(str, value)) if value else "none"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

@@ -81,6 +81,11 @@ def test_a_registration_answers_201_with_a_post_that_publishes(infra: Infra, db:
         (None, {"fileName": "///", "contentType": "image/png"}, "FILE_NAME_INVALID"),
         (None, "{not json", "BODY_INVALID"),
         (None, ["a list"], "BODY_INVALID"),
+        (
+            None,
+            {"fileName": "a.jpg", "contentType": "image/jpeg", "keepLocation": "yes"},
+            "KEEP_LOCATION_INVALID",
+        ),
     ],
 )
 def test_a_bad_request_is_400_with_its_reason(

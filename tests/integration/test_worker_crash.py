@@ -15,10 +15,8 @@ none is dead-lettered for its neighbour's crash.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -28,8 +26,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from devkit import samples, stack, uploads
+from devkit import samples, uploads
 from photo_publish.adapters.models import OutboxEvent, PhotoJob
+from tests import crashworker
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.rows import photo
 
@@ -67,15 +66,9 @@ def published_events(db: Engine) -> Counter[Any]:
 @pytest.fixture
 def crash_infra(infra: Infra) -> Infra:
     """The test bucket notifying a queue whose visibility is seconds, and the functions set to match."""
-    queues = stack.create_queues(
-        infra.sqs, f"crash-{uuid.uuid4().hex[:12]}", max_receive_count=5, visibility_timeout=VISIBILITY
-    )
-    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
-    stack.drop_test_events(infra.sqs, queues.url)
-    infra.queues = queues
-    infra.configure(
-        process_queue_url=queues.url,
-        dead_letter_queue_url=queues.dead_letter_url,
+    infra.use_queues(
+        f"crash-{uuid.uuid4().hex[:12]}",
+        visibility_timeout=VISIBILITY,
         stale_after_seconds=STALE_AFTER,
         retry_base_seconds=1,
         record_budget_seconds=1,
@@ -86,15 +79,7 @@ def crash_infra(infra: Infra) -> Infra:
 
 
 def start_worker(log: Any) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT / 'functions' / 'process'}:{ROOT / 'shared'}:{ROOT}",
-        "WORKER_FUNCTION_TIMEOUT": str(FUNCTION_TIMEOUT),
-        "WORKER_LIFT_HEIF_GUARD": "1",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.crashworker"], cwd=ROOT, env=env, stdout=log, stderr=log
-    )
+    return crashworker.start(log, WORKER_FUNCTION_TIMEOUT=str(FUNCTION_TIMEOUT), WORKER_LIFT_HEIF_GUARD="1")
 
 
 @pytest.mark.slow

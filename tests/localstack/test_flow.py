@@ -79,7 +79,8 @@ def test_an_upload_is_delivered_by_localstacks_notification_and_published_once(
     assert photo(db, shot.photo_id) == ("ready", None, 2)
     assert job(db, shot.photo_id) == ("done", 1, None)
     for kind in ("thumb", "browse"):
-        key = f"{STAGE}/albums/{shot.album_id}/variants/{shot.photo_id}/1/{kind}.webp"
+        version = infra.settings.variant_version
+        key = f"{STAGE}/albums/{shot.album_id}/variants/{shot.photo_id}/{version}/{kind}.webp"
         head = infra.s3.head_object(Bucket=BUCKET, Key=key)
         assert head["ContentType"] == "image/webp"
         assert head["CacheControl"] == "public, max-age=31536000, immutable"

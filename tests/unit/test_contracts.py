@@ -1,4 +1,4 @@
-"""The photo.published payload (SPEC 4.2) and the closed set of error codes (SPEC 5)."""
+"""The photo.published payload (SPEC 4.2, 13, 18) and the closed set of error codes (SPEC 5)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import pytest
 
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.outbox.contracts import (
+    NO_CAPTURE,
+    Capture,
     InvalidPayload,
+    Location,
     PhotoPublishedPayload,
     Placeholder,
     PublishedVariants,
@@ -25,6 +28,19 @@ PUBLISHED_AT = datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)
 VARIANTS = f"dev/albums/{ALBUM_ID}/variants/{PHOTO_ID}/1"
 # A ThumbHash of evanw/thumbhash's own examples, and an average colour.
 PLACEHOLDER = Placeholder("1QcSHQRnh493V4dIh4eXh1h4kJUI", "#7d6a4f")
+# An iPhone's, as its EXIF says it (taken at 14:33:08.302 in UTC+3), with the position kept.
+CAPTURE = Capture(
+    taken_at=datetime(2023, 2, 21, 14, 33, 8, 302000, tzinfo=timezone(timedelta(hours=3))),
+    taken_at_local=datetime(2023, 2, 21, 14, 33, 8, 302000),
+    make="Apple",
+    model="iPhone 13 Pro",
+    lens="iPhone 13 Pro back dual wide camera 5.7mm f/1.5",
+    f_number=1.5,
+    exposure_time=1 / 121,
+    iso=125,
+    focal_length=5.7,
+    location=Location(latitude=44.850477777777776, longitude=34.976647222222226, altitude=29.1355),
+)
 
 
 def variant(kind: str, **overrides: Any) -> dict[str, Any]:
@@ -37,10 +53,20 @@ def variant(kind: str, **overrides: Any) -> dict[str, Any]:
     } | overrides
 
 
+# The responsive ladder (SPEC 18) in both formats, by width.
+LADDER = [
+    variant("w320-webp", width=320, height=200),
+    variant("w320-avif", width=320, height=200, content_type="image/avif"),
+    variant("w640-webp", width=640, height=400),
+    variant("w640-avif", width=640, height=400, content_type="image/avif"),
+]
+
+
 def payload(**overrides: Any) -> PhotoPublishedPayload:
     """A payload as the publish transaction writes it, with some fields changed.
 
-    `variants` is given as {kind: {field: value}}, so that a case can break one variant's field.
+    `variants` is given as {kind: {field: value}} and `ladder` as [{field: value}], so that a case
+    can break one variant's field.
     """
     fields: dict[str, Any] = {
         "photo_id": PHOTO_ID,
@@ -51,8 +77,12 @@ def payload(**overrides: Any) -> PhotoPublishedPayload:
         "height": 2500,
         "variants": {"thumb": variant("thumb"), "browse": variant("browse", width=2048, height=1280)},
         "placeholder": PLACEHOLDER,
+        "capture": CAPTURE,
+        "ladder": LADDER,
     }
     fields |= overrides
+    if isinstance(fields["ladder"], list):
+        fields["ladder"] = tuple(VariantRef(**ref) for ref in fields["ladder"])
     if isinstance(fields["placeholder"], tuple):  # (thumbhash, averageColor), built here to be refused
         fields["placeholder"] = Placeholder(*fields["placeholder"])
     refs = {kind: VariantRef(**ref) for kind, ref in fields.pop("variants").items()}
@@ -64,9 +94,10 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
     # WHEN it is turned into the outbox's JSON
     document = payload().to_json()
 
-    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder), camelCase, ids as strings
+    # THEN it has exactly SPEC 4.2's keys (and SPEC 13's placeholder, SPEC 18's ladder and capture),
+    # camelCase, ids as strings, the instant taken in UTC and the camera's clock as it was
     assert document == {
-        "schemaVersion": 2,
+        "schemaVersion": 3,
         "photoId": str(PHOTO_ID),
         "albumId": str(ALBUM_ID),
         "entityVersion": 2,
@@ -90,7 +121,49 @@ def test_the_payload_json_has_exactly_the_camel_case_keys_of_the_spec() -> None:
             },
         },
         "placeholder": {"thumbhash": "1QcSHQRnh493V4dIh4eXh1h4kJUI", "averageColor": "#7d6a4f"},
+        "ladder": [
+            {
+                "key": f"{VARIANTS}/{kind}.webp",
+                "width": width,
+                "height": height,
+                "bytes": 12_345,
+                "contentType": content_type,
+            }
+            for kind, width, height, content_type in [
+                ("w320-webp", 320, 200, "image/webp"),
+                ("w320-avif", 320, 200, "image/avif"),
+                ("w640-webp", 640, 400, "image/webp"),
+                ("w640-avif", 640, 400, "image/avif"),
+            ]
+        ],
+        "capture": {
+            "takenAt": "2023-02-21T11:33:08.302000Z",
+            "takenAtLocal": "2023-02-21T14:33:08.302000",
+            "make": "Apple",
+            "model": "iPhone 13 Pro",
+            "lens": "iPhone 13 Pro back dual wide camera 5.7mm f/1.5",
+            "fNumber": 1.5,
+            "exposureTime": 1 / 121,
+            "iso": 125,
+            "focalLength": 5.7,
+            "location": {
+                "latitude": 44.850477777777776,
+                "longitude": 34.976647222222226,
+                "altitude": 29.1355,
+            },
+        },
     }
+
+
+def test_a_photo_whose_exif_says_nothing_has_a_capture_of_nulls() -> None:
+    # GIVEN a payload of a photo with no EXIF
+    # WHEN it is turned into JSON
+    document = payload(capture=NO_CAPTURE).to_json()
+
+    # THEN its capture is there, every key of it null
+    capture: Any = document["capture"]
+    assert set(capture) == set(CAPTURE.to_json())
+    assert set(capture.values()) == {None}
 
 
 @pytest.mark.parametrize(
@@ -112,16 +185,28 @@ def test_published_at_is_serialised_as_iso_8601_utc(zone: timezone) -> None:
     assert parsed.utcoffset() == timedelta(0)
 
 
-def test_the_payload_json_round_trips_through_the_model() -> None:
+@pytest.mark.parametrize(
+    "capture",
+    [
+        CAPTURE,
+        NO_CAPTURE,
+        # Only the camera's clock (no offset recorded), no position, an integer f-number (JSON's 2)
+        Capture(taken_at_local=datetime(2008, 4, 20, 19, 12, 6), make="Canon", f_number=2, iso=100),
+        Capture(location=Location(latitude=-33.86, longitude=-151.2, altitude=None)),
+    ],
+    ids=["iphone", "nothing", "local-time-only", "south-west-no-altitude"],
+)
+def test_the_payload_json_round_trips_through_the_model(capture: Capture) -> None:
     # GIVEN the JSON a consumer reads from the outbox
-    original = payload(published_at=PUBLISHED_AT.astimezone(timezone(timedelta(hours=9))))
+    original = payload(published_at=PUBLISHED_AT.astimezone(timezone(timedelta(hours=9))), capture=capture)
     document = json.loads(json.dumps(original.to_json()))
 
     # WHEN the consumer validates it
     read_back = PhotoPublishedPayload.from_json(document)
 
-    # THEN it reads back the same payload
+    # THEN it reads back the same payload, and writes back the same document
     assert read_back == original
+    assert read_back.to_json() == document
 
 
 THUMB = variant("thumb")
@@ -138,10 +223,31 @@ THUMB = variant("thumb")
             "publishedAt must carry a time zone",
             id="naive-datetime",
         ),
-        pytest.param({"schema_version": 3}, "schemaVersion must be 1 or 2", id="unknown-schema-version"),
-        pytest.param({"schema_version": True}, "schemaVersion must be 1 or 2", id="schema-version-true"),
-        pytest.param({"placeholder": None}, "placeholder must be a Placeholder in schema 2", id="v2-without"),
-        pytest.param({"schema_version": 1}, "placeholder must be a Placeholder in schema 2", id="v1-with"),
+        pytest.param({"schema_version": 4}, "schemaVersion must be 1, 2 or 3", id="unknown-schema-version"),
+        pytest.param({"schema_version": True}, "schemaVersion must be 1, 2 or 3", id="schema-version-true"),
+        pytest.param(
+            {"placeholder": None}, "placeholder must be a Placeholder from schema 2 on", id="v3-without"
+        ),
+        pytest.param(
+            {"schema_version": 1}, "placeholder must be a Placeholder from schema 2 on", id="v1-with"
+        ),
+        pytest.param(
+            {"capture": None}, "capture must be a Capture from schema 3 on", id="v3-without-capture"
+        ),
+        pytest.param(
+            {"schema_version": 2}, "capture must be a Capture from schema 3 on", id="v2-with-capture"
+        ),
+        pytest.param({"ladder": None}, "ladder must be a list from schema 3 on", id="v3-without-ladder"),
+        pytest.param(
+            {"ladder": [LADDER[2], LADDER[0]]},
+            r"ladder must be ordered by width, got widths \[640, 320\]",
+            id="unordered",
+        ),
+        pytest.param(
+            {"ladder": [variant("w320-webp", size=0)]},
+            "bytes must be an integer of at least 1",
+            id="empty-step",
+        ),
         pytest.param(
             {"placeholder": ("not base64!", "#000000")},
             "placeholder.thumbhash must be a base64 ThumbHash",
@@ -224,6 +330,7 @@ def without(mapping: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 BROWSE = document()["variants"]["browse"]
+CAPTURE_DOCUMENT = document()["capture"]
 
 
 @pytest.mark.parametrize(
@@ -262,10 +369,76 @@ BROWSE = document()["variants"]["browse"]
         ),
         pytest.param(document(variants=[BROWSE, BROWSE]), "variants must be an object", id="variants-a-list"),
         pytest.param(
-            document(schemaVersion=3), "schemaVersion must be 1 or 2, got 3$", id="schema-version-3"
+            document(schemaVersion=4), "schemaVersion must be 1, 2 or 3, got 4$", id="schema-version-4"
         ),
         pytest.param(
-            document(schemaVersion=1), "payload has unknown keys 'placeholder'$", id="v1-with-placeholder"
+            without(document(schemaVersion=1), "ladder"),
+            "payload has unknown keys 'placeholder', 'capture'$",
+            id="v1-with-placeholder",
+        ),
+        pytest.param(
+            without(document(schemaVersion=2), "ladder"),
+            "payload has unknown keys 'capture'$",
+            id="v2-with-capture",
+        ),
+        pytest.param(
+            without(document(schemaVersion=2), "capture"),
+            "payload has unknown keys 'ladder'$",
+            id="v2-with-ladder",
+        ),
+        pytest.param(
+            document(capture=without(CAPTURE_DOCUMENT, "iso")), "capture lacks iso$", id="capture-without-iso"
+        ),
+        pytest.param(
+            document(capture=CAPTURE_DOCUMENT | {"gps": None}),
+            "capture has unknown keys 'gps'$",
+            id="capture-unknown-key",
+        ),
+        pytest.param(
+            document(capture=CAPTURE_DOCUMENT | {"takenAt": "2023-02-21T14:33:08"}),
+            "capture.takenAt must carry a time zone",
+            id="taken-at-naive",
+        ),
+        pytest.param(
+            document(capture=CAPTURE_DOCUMENT | {"takenAtLocal": "2023-02-21T14:33:08+03:00"}),
+            "capture.takenAtLocal must be a date and time with no zone",
+            id="taken-at-local-zoned",
+        ),
+        pytest.param(
+            document(capture=CAPTURE_DOCUMENT | {"takenAt": "0001-01-01T00:00:00+01:00"}),
+            "capture.takenAt is out of range",
+            id="taken-at-before-year-1-in-utc",
+        ),
+        pytest.param(
+            document(capture=CAPTURE_DOCUMENT | {"fNumber": "1.5"}),
+            "capture.fNumber must be a finite number",
+            id="f-number-as-text",
+        ),
+        pytest.param(
+            document(
+                capture=CAPTURE_DOCUMENT | {"location": {"latitude": 91, "longitude": 0, "altitude": None}}
+            ),
+            "location.latitude must be a number within",
+            id="latitude-over-90",
+        ),
+        pytest.param(
+            document(capture=CAPTURE_DOCUMENT | {"location": {"latitude": 1, "longitude": 2}}),
+            "capture.location lacks altitude$",
+            id="location-without-altitude-key",
+        ),
+        pytest.param(document(ladder={"w320-webp": BROWSE}), "ladder must be a list", id="ladder-an-object"),
+        pytest.param(
+            document(ladder=[without(BROWSE, "bytes")]), r"ladder\[0\] lacks bytes$", id="step-without-bytes"
+        ),
+        pytest.param(
+            document(ladder=[BROWSE | {"width": 640}, BROWSE | {"width": 320}]),
+            r"ladder must be ordered by width",
+            id="ladder-unordered",
+        ),
+        pytest.param(
+            document(ladder=[BROWSE | {"contentType": None}]),
+            r"ladder\[0\].contentType must be a string",
+            id="step-without-type",
         ),
         pytest.param(
             document(placeholder={"thumbhash": PLACEHOLDER.thumbhash}),
@@ -307,14 +480,85 @@ def test_a_consumer_refuses_a_document_that_breaks_the_contract(changed: Any, er
 
 def test_a_consumer_reads_schema_version_1_documents_too() -> None:
     # GIVEN a document written before placeholders (schema version 1: no placeholder key)
-    old = without(document(schemaVersion=1), "placeholder")
+    old = without(without(without(document(schemaVersion=1), "placeholder"), "ladder"), "capture")
 
     # WHEN a consumer reads it
     read = PhotoPublishedPayload.from_json(old)
 
     # THEN it is that version's payload, with no placeholder, and it writes back the same document
-    assert (read.schema_version, read.placeholder) == (1, None)
+    assert (read.schema_version, read.placeholder, read.ladder, read.capture) == (1, None, None, None)
     assert read.to_json() == old
+
+
+def test_a_consumer_reads_schema_version_2_documents_too() -> None:
+    # GIVEN a document written before the ladder and capture metadata (schema version 2: a
+    # placeholder, neither key)
+    old = without(without(document(schemaVersion=2), "ladder"), "capture")
+
+    # WHEN a consumer reads it
+    read = PhotoPublishedPayload.from_json(old)
+
+    # THEN it is that version's payload, its placeholder and neither ladder nor capture, written back
+    # the same
+    assert (read.schema_version, read.placeholder, read.ladder, read.capture) == (2, PLACEHOLDER, None, None)
+    assert read.to_json() == old
+
+
+@pytest.mark.parametrize(
+    ("fields", "rule"),
+    [
+        pytest.param({"make": ""}, "capture.make must be printable text", id="empty-make"),
+        pytest.param({"model": "x" * 129}, "capture.model must be printable text", id="model-too-long"),
+        pytest.param({"lens": "50mm\x00"}, "capture.lens must be printable text", id="lens-with-nul"),
+        pytest.param({"make": " Canon"}, "capture.make must be printable text", id="make-not-stripped"),
+        pytest.param({"f_number": 0}, "capture.fNumber must be positive", id="f-number-0"),
+        pytest.param({"exposure_time": float("nan")}, "capture.exposureTime must be a finite", id="nan"),
+        pytest.param({"focal_length": True}, "capture.focalLength must be a finite number", id="bool"),
+        pytest.param({"iso": 0}, "capture.iso must be an integer of at least 1", id="iso-0"),
+        pytest.param({"iso": 2**31}, "capture.iso must be at most", id="iso-over-int32"),
+        pytest.param({"iso": 100.0}, "capture.iso must be an integer", id="iso-a-float"),
+        pytest.param(
+            {"taken_at": datetime(2023, 1, 1), "taken_at_local": datetime(2023, 1, 1)},
+            "capture.takenAt must carry a time zone",
+            id="naive-instant",
+        ),
+        pytest.param(
+            {"taken_at": datetime(2023, 1, 1, tzinfo=UTC)},
+            "capture.takenAtLocal must be given with capture.takenAt",
+            id="instant-without-clock",
+        ),
+        pytest.param(
+            {"location": Location(latitude=10, longitude=20).to_json()},
+            "capture.location must be a Location",
+            id="location-a-dict",
+        ),
+    ],
+)
+def test_an_invalid_capture_is_refused_on_write(fields: dict[str, Any], rule: str) -> None:
+    # GIVEN capture metadata that breaks a rule of SPEC 18's shape
+    # WHEN it is built
+    # THEN it is refused, naming the key and the rule
+    with pytest.raises(InvalidPayload, match=f"^{rule}"):
+        Capture(**fields)
+
+
+@pytest.mark.parametrize(
+    ("latitude", "longitude"), [(90.5, 0), (0, -180.01), (float("inf"), 0), (None, 3)], ids=str
+)
+def test_a_location_off_the_globe_is_refused(latitude: Any, longitude: Any) -> None:
+    with pytest.raises(InvalidPayload, match=r"^location\.(latitude|longitude) must be a (finite )?number"):
+        Location(latitude=latitude, longitude=longitude)
+
+
+def test_a_recipe_without_a_ladder_writes_schema_3_with_an_empty_ladder() -> None:
+    # GIVEN a photo rendered with VARIANT_WIDTHS=none
+    written = payload(ladder=()).to_json()
+
+    # WHEN a consumer reads it back
+    read = PhotoPublishedPayload.from_json(json.loads(json.dumps(written)))
+
+    # THEN it is schema 3 with an empty list: the key is there whatever the recipe
+    assert (written["schemaVersion"], written["ladder"], read.ladder) == (3, [], ())
 
 
 @pytest.mark.parametrize("changed", [None, [], "payload"], ids=["null", "list", "text"])

@@ -8,6 +8,7 @@ about 1.9 (the same floor as test_pipeline's JPEGs), so the tolerance sits a lit
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -20,11 +21,12 @@ import pytest
 import pyvips
 from PIL import Image
 
-from devkit import hostile, samples
+from devkit import fullsize, hostile, samples
 from photo_publish.adapters.storage import OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.image import heic
 from photo_publish.image.pipeline import Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.image.slots import DecodeBudget
 from tests import capped
 from tests.readers import FailingReader, webp_chunks
 
@@ -503,17 +505,26 @@ def test_a_heic_too_large_to_decode_whole_is_refused_from_its_header(
 ) -> None:
     # GIVEN a HEIC of 9000 x 9000 pixels (81 MP, under the pixel limit), whose decode would hold about
     # 4.5 bytes a pixel at once, 365 MB: in 9 x 9 tiles of 1024 (83 items, read by libvips), or in
-    # 18 x 18 tiles of 512 (325 items, over what libvips reads)
+    # 18 x 18 tiles of 512 (325 items, over what libvips reads); and the smallest function the
+    # template makes (512 MB: a render alone may hold 176 MB)
     one = hostile.coded_picture(samples.heic(upright.crop(0, 0, tile_size, tile_size), tile_size=0))
     across = -(-9000 // tile_size)
     data = hostile.heif(hostile.Grid(one, across, across, (9000, 9000)))
     assert libvips_reads(data) is (tile_size == 1024)
+    options = RenderOptions().sharing(DecodeBudget.of(memory_mb=512, records=4, renders=2))
 
     # WHEN it is rendered (in a child process under a memory cap)
-    outcome = capped.render(data)
+    outcome = capped.render(data, options=dataclasses.asdict(options))
 
     # THEN it is refused for its dimensions
     assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+
+
+def estimate(data: bytes, options: RenderOptions) -> int:
+    """What render() counts against the budget for `data` (devkit/fullsize.py's decode_estimate)."""
+    needs = fullsize.decode_estimate(io.BytesIO(data), options)
+    assert needs is not None
+    return needs
 
 
 @pytest.fixture
@@ -533,21 +544,25 @@ def decode_options(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, b
 def test_a_deep_heic_too_large_for_16_bits_is_decoded_at_8(
     upright: pyvips.Image, decode_options: list[dict[str, bool]]
 ) -> None:
-    # GIVEN a 10-bit HEIC, and a whole-decode limit between what libheif holds decoding it to 8 bits
-    # (its 10-bit planes, 3 bytes a pixel, and 8-bit RGB, 3) and to 16 bits (planes and 6), as a
-    # phone's 40 MP HDR photo is against the default limit
+    # GIVEN a 10-bit HEIC, and what its render would hold decoded at 16 bits and at 8 (libheif's
+    # reduction), as a 100 MP one in a 1024 MB function is
     data = samples.heic(upright, profile="p3", bits=10)
-    pixels = UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1]
-    options = RenderOptions(max_decode_buffer_bytes=pixels * 15 // 2)
+    sixteen = estimate(data, RenderOptions())
+    eight = estimate(data, RenderOptions(max_decode_buffer_bytes=sixteen - 1))
+    # (the planes are the same; the RGB is 3 bytes a pixel narrower)
+    assert sixteen - eight == 3 * UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1]
 
-    # WHEN it is rendered
-    rendered = render_bytes(data, options)
+    # WHEN it is rendered where a render may hold less than the first and no less than the second
+    rendered = render_bytes(data, RenderOptions(max_decode_buffer_bytes=sixteen - 1))
 
     # THEN libheif reduced it to 8 bits, and it is the photograph (measured 1.9)
     assert decode_options == [{"eight_bit": True}]
     assert mean_difference(decoded(rendered, "browse"), upright.thumbnail_image(BROWSE_SIZE[0])) < TOLERANCE
-    # AND with a limit under even that, it is refused before decoding
+    # AND with less than even that, it is refused before decoding
     with pytest.raises(PhotoError) as raised:
-        render_bytes(data, RenderOptions(max_decode_buffer_bytes=pixels * 6 - 1))
+        render_bytes(data, RenderOptions(max_decode_buffer_bytes=eight - 1))
     assert raised.value.code is ErrorCode.DIMENSIONS_EXCEEDED
     assert len(decode_options) == 1
+    # AND where 16 bits fit, it is decoded at 16
+    render_bytes(data, RenderOptions(max_decode_buffer_bytes=sixteen))
+    assert decode_options[-1] == {"eight_bit": False}

@@ -17,10 +17,12 @@ import pytest
 import pyvips
 from PIL import Image, ImageCms
 
-from devkit import hostile, samples
+from devkit import fullsize, hostile, samples
 from photo_publish.adapters.storage import OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.image import slots
 from photo_publish.image.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
+from photo_publish.image.slots import DecodeBudget
 from photo_publish.image.thumbhash import thumbhash_to_rgba
 from photo_publish.settings import Settings
 from tests import capped
@@ -595,23 +597,108 @@ BUFFER_BOMBS = {
         bytes(pyvips.Image.black(64, 64, bands=3).jpegsave_buffer(interlace=True, subsample_mode="off")),
         (8000, 6000),
     ),
-    # libvips caches two rows of a tiled TIFF's tiles, and a tile may hold 100 MB (measured: 451 MB).
+    # libvips holds rows of a tiled TIFF's tiles, and a tile may hold 100 MB (measured: 484 MB).
     "tiff-11520x8640-in-tiles-of-5760": lambda: hostile.tiff(11520, 8640, tile=(5760, 5760)),
     # A GIF frame is decoded whole, 4 bytes a pixel, whatever the file holds: here nothing at all.
     "gif-frame-10000x10000": lambda: hostile.gif((10000, 10000), (10000, 10000), coded=False),
 }
+# The least memory the template allows the process function.
+SMALLEST = DecodeBudget.of(memory_mb=512, records=4, renders=2)
 
 
 @pytest.mark.parametrize("name", BUFFER_BOMBS)
 def test_what_a_decoder_holds_at_once_is_bounded_from_the_header(name: str) -> None:
-    # GIVEN a file under the pixel limit, of a kind its decoder holds whole in memory (or in big tiles)
+    # GIVEN a file under the pixel limit, of a kind its decoder holds whole in memory (or in big tiles),
+    # and the smallest function the template makes (512 MB: a render alone may hold 176 MB)
     data = BUFFER_BOMBS[name]()
+    options = RenderOptions().sharing(SMALLEST)
 
     # WHEN it is rendered
-    outcome = capped.render(data)
+    outcome = capped.render(data, options=dataclasses.asdict(options))
 
-    # THEN it is refused for its dimensions
+    # THEN it is refused for its dimensions, from its header, the refusal naming the budget and what
+    # it comes from
     assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+    assert f"over the {SMALLEST.whole} a render may hold alone (512 MB of function memory" in outcome.detail
+    assert outcome.bytes_read <= max(256 * 1024, len(data) if name.startswith(("tiff", "gif")) else 0)
+
+
+@pytest.mark.parametrize("name", BUFFER_BOMBS)
+def test_at_the_templates_memory_what_a_slot_cannot_hold_goes_back_to_render_alone(name: str) -> None:
+    # GIVEN the same files and a render beside others in the template's function (1769 MB)
+    data = BUFFER_BOMBS[name]()
+    options = RenderOptions().sharing(slots.DEFAULT)
+
+    # WHEN it is rendered (a GIF's canvas of 400 MB is decoded: more address space than the usual cap)
+    outcome = capped.render(data, options=dataclasses.asdict(options), cap_bytes=3 << 30)
+
+    # THEN those over a shared slot are handed back from the header, with what they would hold, to be
+    # rendered alone; those within it are not
+    estimate = int(outcome.detail) if outcome.code == "RENDER_ALONE" else None
+    assert (outcome.code == "RENDER_ALONE") is (name.startswith(("png", "tiff"))), outcome
+    assert estimate is None or slots.DEFAULT.slot < estimate <= slots.DEFAULT.whole
+
+
+def test_what_no_render_of_the_function_could_hold_is_refused_from_its_header() -> None:
+    # GIVEN a 100 MP TIFF in 16-bit RGBA tiles of 3456 (91 MB each; libvips refuses 4096): four
+    # rows of them are 2.5 GB, more than a render alone may hold in the template's function
+    data = hostile.tiff(24576, 4069, bits=16, bands=4, tile=(3456, 3456))
+    options = RenderOptions().sharing(slots.DEFAULT)
+
+    # WHEN it is rendered beside others
+    outcome = capped.render(data, options=dataclasses.asdict(options))
+
+    # THEN it is refused (no slot, not the whole, could hold it), the detail naming the budget
+    assert outcome.code == "DIMENSIONS_EXCEEDED", outcome
+    assert f"over the {slots.DEFAULT.whole} a render may hold alone" in outcome.detail
+    assert "1769 MB of function memory" in outcome.detail
+
+
+def estimate(data: bytes) -> int | None:
+    return fullsize.decode_estimate(io.BytesIO(data), RenderOptions())
+
+
+def pillow_jpeg(upright: pyvips.Image, subsampling: int, *, mode: str = "RGB") -> bytes:
+    """The photograph as Pillow's progressive JPEG (subsampling 0: 4:4:4, 1: 4:2:2, 2: 4:2:0)."""
+    picture = Image.frombytes("RGB", (upright.width, upright.height), upright.write_to_memory()).convert(mode)
+    out = io.BytesIO()
+    picture.save(out, "JPEG", progressive=True, subsampling=subsampling, quality=90)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("subsampling", "mode", "per_pixel"),
+    [(2, "RGB", 3), (1, "RGB", 4), (0, "RGB", 6), (0, "CMYK", 8), (0, "L", 2)],
+    ids=["4:2:0", "4:2:2", "4:4:4", "cmyk", "grey"],
+)
+def test_a_progressive_jpeg_counts_its_coefficients_at_its_own_sampling(
+    upright: pyvips.Image, subsampling: int, mode: str, per_pixel: int
+) -> None:
+    # GIVEN the photograph (2560 x 1600: whole MCUs) as a progressive JPEG, sampled as the writers do
+    data = pillow_jpeg(upright, subsampling, mode=mode)
+
+    # THEN what its render counts is its DCT coefficients, 2 bytes each: 64 a block of each component
+    # at its sampling (a 4:2:0 chroma block covers four luma ones)
+    assert estimate(data) == per_pixel * UPRIGHT_SIZE[0] * UPRIGHT_SIZE[1]
+
+
+def test_an_animation_whose_first_frame_fills_its_canvas_shrinks_on_load_and_counts_nothing_more() -> None:
+    # GIVEN animated WebPs on a 4000 x 3000 canvas: a first frame that fills it, one a pixel short
+    canvas = (4000, 3000)
+    full = bytes(pyvips.Image.black(*canvas, bands=3).webpsave_buffer(Q=10, effort=0))
+    short = bytes(pyvips.Image.black(canvas[0] - 1, canvas[1], bands=3).webpsave_buffer(Q=10, effort=0))
+    filling, not_filling = (
+        hostile.animated_webp(canvas, full, frames=2),
+        hostile.animated_webp(canvas, short, frames=2),
+    )
+
+    # THEN the first is counted as the file libvips holds (cut to its first frame), the other as its
+    # canvas and the frame beside it (4 bytes a pixel each), and the rows its shrink holds
+    pixels = canvas[0] * canvas[1]
+    assert estimate(filling) == len(hostile.animated_webp(canvas, full, frames=1))
+    short_estimate = estimate(not_filling)
+    assert short_estimate is not None
+    assert short_estimate >= 4 * pixels + 4 * (canvas[0] - 1) * canvas[1]
 
 
 def test_an_interlaced_png_within_the_lower_limit_renders(upright: pyvips.Image) -> None:
@@ -739,7 +826,6 @@ def test_the_render_limits_default_to_the_settings_defaults() -> None:
         "max_input_pixels",
         "max_input_dimension",
         "max_input_row_bytes",
-        "max_decode_buffer_bytes",
         "render_timeout_seconds",
     }
     for spec in limits:

@@ -58,7 +58,7 @@ def test_seconds_waiting_for_the_body_do_not_count_against_the_renders_own_limit
     rendered = render(slow_stream(PHOTO), options)
 
     # THEN it renders: waiting for S3 is not the file's fault (no RENDER_TIME_EXCEEDED)
-    assert {variant.kind for variant in rendered.variants} == {"thumb", "browse"}
+    assert {variant.kind for variant in rendered.variants} >= {"thumb", "browse"}
 
 
 def test_seconds_waiting_for_the_body_count_against_the_invocations_time_budget() -> None:

@@ -319,7 +319,8 @@ def test_a_tls_mode_that_does_not_encrypt_is_refused() -> None:
 
 
 def test_the_render_gets_every_limit_the_settings_give() -> None:
-    # GIVEN settings whose every render limit differs from the pipeline's own default
+    # GIVEN settings whose every render limit differs from the pipeline's own default (the function's
+    # memory: what a decoder may hold)
     from dataclasses import fields
 
     from photo_publish.image.pipeline import RenderOptions
@@ -331,10 +332,14 @@ def test_the_render_gets_every_limit_the_settings_give() -> None:
         "BROWSE_SIZE": "1600",
         "WEBP_QUALITY": "75",
         "WEBP_EFFORT": "3",
+        "VARIANT_WIDTHS": "480,960",
+        "VARIANT_FORMATS": "webp,avif",
+        "AVIF_QUALITY": "61",
+        "AVIF_EFFORT": "3",
         "MAX_INPUT_PIXELS": "50000000",
         "MAX_INPUT_DIMENSION": "20000",
         "MAX_INPUT_ROW_BYTES": "100000",
-        "MAX_DECODE_BUFFER_BYTES": "120000000",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "3008",
         "RENDER_TIMEOUT_SECONDS": "12",
     }
 
@@ -345,3 +350,58 @@ def test_the_render_gets_every_limit_the_settings_give() -> None:
     assert [
         f.name for f in fields(RenderOptions) if getattr(options, f.name) == getattr(defaults, f.name)
     ] == []
+
+
+def test_the_ladder_and_its_formats_are_read_from_comma_separated_lists() -> None:
+    # GIVEN the ladder as an operator writes it, with blanks and capitals
+    settings = Settings.from_env(
+        REQUIRED | {"VARIANT_WIDTHS": "480, 960,1600", "VARIANT_FORMATS": "WebP, AVIF"}
+    )
+
+    # THEN the sizes are integers and the formats libvips' names, in the order given
+    assert settings.variant_widths == (480, 960, 1600)
+    assert settings.variant_formats == ("webp", "avif")
+    # ... and "none" turns the ladder off
+    assert Settings.from_env(REQUIRED | {"VARIANT_WIDTHS": "none"}).variant_widths == ()
+
+
+@pytest.mark.parametrize(
+    ("environ", "problem"),
+    [
+        ({"VARIANT_WIDTHS": "320,abc"}, "VARIANT_WIDTHS must be comma-separated integers"),
+        ({"VARIANT_WIDTHS": "320,"}, "VARIANT_WIDTHS must be comma-separated integers"),
+        ({"VARIANT_WIDTHS": "8,640"}, "VARIANT_WIDTHS must list long edges of at least 16 pixels"),
+        ({"VARIANT_WIDTHS": "640,640"}, "VARIANT_WIDTHS must not list a size twice"),
+        (
+            {"VARIANT_WIDTHS": "640,4096"},
+            r"VARIANT_WIDTHS \(\(640, 4096\)\) must not exceed BROWSE_SIZE \(2048\)",
+        ),
+        ({"VARIANT_WIDTHS": "1280", "BROWSE_SIZE": "1024"}, "must not exceed BROWSE_SIZE \\(1024\\)"),
+        ({"VARIANT_FORMATS": "avif"}, "VARIANT_FORMATS must be webp or webp,avif"),
+        ({"VARIANT_FORMATS": "webp,jpeg"}, "VARIANT_FORMATS must be webp or webp,avif"),
+        ({"AVIF_EFFORT": "10"}, "AVIF_EFFORT must be between 0 and 9"),
+        (
+            {"VARIANT_WIDTHS": "none", "VARIANT_FORMATS": "webp,avif"},
+            "VARIANT_FORMATS webp,avif needs a ladder",
+        ),
+    ],
+)
+def test_a_ladder_the_pipeline_cannot_render_is_refused_at_start(
+    environ: dict[str, str], problem: str
+) -> None:
+    # GIVEN a ladder or a format the pipeline would not render as written
+    # WHEN / THEN the settings refuse it at cold start, naming the variable
+    with pytest.raises(InvalidSettings, match=problem):
+        Settings.from_env(REQUIRED | environ)
+
+
+@pytest.mark.parametrize(
+    ("widths", "formats"), [("320,640,960,1280", "webp,avif"), ("480", "webp,avif"), ("none", "webp")]
+)
+def test_settings_written_as_an_environment_read_back_the_same(widths: str, formats: str) -> None:
+    # GIVEN settings with a ladder in both formats, or none
+    settings = Settings.from_env(REQUIRED | {"VARIANT_WIDTHS": widths, "VARIANT_FORMATS": formats})
+
+    # WHEN they are written as the functions' environment (tools, tests) and read back
+    # THEN they are the same settings
+    assert Settings.from_env(settings.environment()) == settings

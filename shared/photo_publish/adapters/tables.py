@@ -14,6 +14,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -27,11 +28,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from photo_publish.errors import ErrorCode
+from photo_publish.keys import FIXED_KINDS, LADDER_KIND
 
 PROCESSING_STATES = ("uploaded", "ready", "processing_failed")
 VISIBILITIES = ("unpublished", "published")
 JOB_STATUSES = ("pending", "active", "done", "failed")
-VARIANT_KINDS = ("thumb", "browse")
 ERROR_CODES = [code.value for code in ErrorCode]
 
 
@@ -74,6 +75,21 @@ photos = Table(
     Column("keep_location", Boolean, nullable=False, server_default=text("false")),
     # The JWT subject that registered it behind a JWT authorizer (migration 0010); null otherwise.
     Column("owner", Text),
+    # What its EXIF says of its taking (migration 0012, SPEC 18), set with its rendition: the instant
+    # where the camera recorded its UTC offset, and the camera's clock; the location only with
+    # keep_location.
+    Column("taken_at", DateTime(timezone=True)),
+    Column("taken_at_local", DateTime(timezone=False)),
+    Column("camera_make", Text),
+    Column("camera_model", Text),
+    Column("lens_model", Text),
+    Column("f_number", Double),
+    Column("exposure_time", Double),  # seconds
+    Column("iso", Integer),
+    Column("focal_length", Double),  # millimetres
+    Column("latitude", Double),
+    Column("longitude", Double),
+    Column("altitude", Double),  # metres
     *_created_updated(),
     CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
     CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
@@ -89,6 +105,16 @@ photos = Table(
         " AND (processing_state <> 'ready' OR published_at IS NOT NULL)",
         name="photos_published_check",
     ),
+    CheckConstraint("taken_at IS NULL OR taken_at_local IS NOT NULL", name="photos_taken_at_check"),
+    CheckConstraint(
+        "f_number > 0 AND exposure_time > 0 AND iso > 0 AND focal_length > 0", name="photos_exposure_check"
+    ),
+    # GPS only where the upload said its user agreed (SPEC 18).
+    CheckConstraint(
+        "(latitude IS NULL) = (longitude IS NULL) AND (altitude IS NULL OR latitude IS NOT NULL)"
+        " AND (latitude IS NULL OR (keep_location AND abs(latitude) <= 90 AND abs(longitude) <= 180))",
+        name="photos_location_check",
+    ),
 )
 
 photo_variants = Table(
@@ -103,7 +129,11 @@ photo_variants = Table(
     Column("content_type", Text, nullable=False),
     Column("variant_version", Integer, nullable=False),
     *_created_updated(),
-    CheckConstraint(one_of("kind", VARIANT_KINDS), name="photo_variants_kind_check"),
+    CheckConstraint(
+        # thumb, browse, or a ladder step (migration 0011)
+        f"{one_of('kind', FIXED_KINDS)} OR kind ~ '^{LADDER_KIND.pattern}$'",
+        name="photo_variants_kind_check",
+    ),
 )
 
 photo_jobs = Table(

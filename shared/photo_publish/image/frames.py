@@ -99,3 +99,26 @@ def _webp(data: bytearray) -> None:
                     data[20] &= ~0x0C  # the EXIF and XMP flags
                 return
         at += 8 + size + (size & 1)
+
+
+def webp_first_frame(data: bytes | bytearray) -> tuple[int, int, int, int] | None:
+    """An animated WebP's first frame (ANMF): its offset and size on the canvas, or None without one.
+
+    libvips shrinks an animation on load only where every frame fills the canvas; else it composes
+    each frame, decoded whole, on the whole canvas (pipeline._webp_canvas counts that).
+    """
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    at = 12
+    with suppress(IndexError, struct.error):
+        while at + 8 <= len(data):
+            kind, size = bytes(data[at : at + 4]), struct.unpack_from("<I", data, at + 4)[0]
+            if kind == b"ANMF":
+                if at + 20 > len(data):
+                    return None
+                x, y, width, height = (
+                    int.from_bytes(data[at + 8 + 3 * i : at + 11 + 3 * i], "little") for i in range(4)
+                )
+                return 2 * x, 2 * y, width + 1, height + 1
+            at += 8 + size + (size & 1)
+    return None

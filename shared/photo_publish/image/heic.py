@@ -57,6 +57,21 @@ def header(data: bytes | bytearray) -> Declared:
     return Declared(width, height, len(channels), 2 if depth else 1)
 
 
+def exif(data: bytes | bytearray) -> bytes | None:
+    """The primary image's EXIF block as libheif gives it (no pixel decoded), for a HEIF whose
+    header libvips could not read; None where it has none, or libheif cannot open the file (the
+    decode says why)."""
+    import pi_heif
+
+    try:
+        heif = pi_heif.open_heif(data, convert_hdr_to_8bit=False)
+        _has_an_image(heif)
+        block = heif.info.get("exif")
+    except _DECODE_ERRORS:
+        return None
+    return bytes(block) if block else None
+
+
 def _has_an_image(heif: object) -> None:
     # A file whose every image libheif refused opens as an empty HeifFile, whose properties raise
     # IndexError (found by the fuzzer: the pipeline took it for an unexpected error, and retried).

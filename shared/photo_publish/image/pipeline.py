@@ -9,8 +9,11 @@ memory (see heic.py); from the decoded picture on, it is the same pipeline. GIF,
 read whole too, as their loaders would, to be cut to their first frame (frames.py).
 
 Bounded whatever the file declares (SPEC 3): every limit is checked on the header, before a pixel is
-decoded, and the render stops at its deadline inside libvips. Measured over benchmarks/hostile.py's
-corpus, the limits' defaults hold every input under 400 MB and 10 s.
+decoded, and the render stops at its deadline inside libvips. What the decoder will hold is counted
+from the header and judged against the function's memory (slots.py): within a shared slot, beside
+the other renders; over it, alone (RenderAlone: the caller's gate); over the whole, refused. Measured
+over benchmarks/hostile.py's corpus (each within its share and 10 s) and benchmarks/fullsize.py's
+photos at 100 MP in every accepted format (each within its share and the render's deadline).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from typing import Protocol, runtime_checkable
 import pyvips
 
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.image import frames, heic, thumbhash
-from photo_publish.keys import VariantKind
-from photo_publish.outbox.contracts import Placeholder
+from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash
+from photo_publish.keys import VariantKind, ladder_kind
+from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Placeholder
+from photo_publish.settings import AVIF_EFFORT, AVIF_QUALITY
 
 # Loaders an upload may use (by libvips' nickname); everything else is refused from its header.
 ALLOWED_LOADERS = frozenset(
@@ -105,6 +109,12 @@ class RenderOptions:
     # WebP effort 2, not libvips' 4: the browse's encode is over half the render, and 2 takes 26% off
     # it for +1.7% bytes and -0.004 SSIM (benchmarks/compare.py's corpus).
     effort: int = 2
+    # The responsive ladder (SPEC 18): long edges, each resized from the browse in memory, and the
+    # formats each is encoded in (settings.py says why these).
+    variant_widths: tuple[int, ...] = (640, 1280, 2048)
+    variant_formats: tuple[str, ...] = ("webp",)
+    avif_quality: int = AVIF_QUALITY
+    avif_effort: int = AVIF_EFFORT
     # Limits (SPEC 3), each checked on the header; see benchmarks/hostile.py for what they bound.
     max_input_pixels: int = 100_000_000
     # Per axis. Rows are time (libpng decodes one at a time: 50,000,000 rows took 9.5 s) and columns
@@ -114,14 +124,30 @@ class RenderOptions:
     # hold hundreds of whole rows while it shrinks: a 16-bit RGBA row of 32768 pixels (256 KiB)
     # peaked at 402 MB, a 16-bit RGB one (192 KiB) at 274 MB.
     max_input_row_bytes: int = 196_608
-    # What a decoder may hold at once, in bytes, where it holds more than a few rows: a HEIF's coded
-    # planes and RGB (4.5 bytes a pixel at 8 bits, 9 at 16), a GIF's or an animated WebP's RGBA
-    # canvas (4), a progressive JPEG's DCT coefficients (2 a sample), an interlaced PNG's pixels,
-    # a tiled TIFF's rows of tiles. 48 and 50 MP 8-bit phone HEICs (220 and 225 MB) pass.
-    max_decode_buffer_bytes: int = 240_000_000
+    # What a render may hold beyond its own work, counted from the header (_Header): alone in the
+    # container, and beside the other renders; slots.py derives both from the function's memory (the
+    # defaults: the template's 1769 MB). Over the first, nothing this function runs could hold it:
+    # DIMENSIONS_EXCEEDED, naming `decode_budget`. Over the second, RenderAlone: the caller renders it
+    # again, alone. None: this render has the container to itself.
+    max_decode_buffer_bytes: int = slots.DEFAULT.whole
+    shared_decode_buffer_bytes: int | None = None
+    decode_budget: str = slots.DEFAULT.describe()
     # The render's own deadline: past it, the file is at fault (RENDER_TIME_EXCEEDED, permanent).
     # It counts the decoding and encoding, not the seconds the stream spent waiting for bytes.
     render_timeout_seconds: float = 30.0
+
+    def sharing(self, budget: slots.DecodeBudget) -> RenderOptions:
+        """These options for a render beside others: in a slot of `budget`, alone over it."""
+        return replace(
+            self,
+            max_decode_buffer_bytes=budget.whole,
+            shared_decode_buffer_bytes=budget.slot,
+            decode_budget=budget.describe(),
+        )
+
+    def alone(self) -> RenderOptions:
+        """These options for a render that has the container to itself (no slot to stay within)."""
+        return replace(self, shared_decode_buffer_bytes=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,17 +158,38 @@ class RenderedVariant:
     height: int
     content_type: str = "image/webp"
     extension: str = "webp"
+    # The variant whose object this one is (the ladder's WebP step at the browse's size is the
+    # browse): stored once, under that variant's key.
+    same_as: VariantKind | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """The original's displayed size (orientation applied), its variants and its placeholder."""
+    """The original's displayed size (orientation applied), its variants and its placeholder, and
+    what its EXIF says of its taking (`capture_problem`: why some of that stays empty).
+
+    `variants`: thumb, browse, then the ladder's steps smallest first, each in the ladder's formats
+    in their configured order."""
 
     width: int
     height: int
     loader: str
     variants: tuple[RenderedVariant, ...]
     placeholder: Placeholder
+    capture: Capture = NO_CAPTURE
+    capture_problem: str | None = None
+
+
+class RenderAlone(Exception):
+    """The picture needs more than a shared slot and no more than the whole: render it again, alone.
+
+    Raised from the header, before any pixel is decoded (RenderOptions.shared_decode_buffer_bytes).
+    """
+
+    def __init__(self, needs: int, slot: int) -> None:
+        super().__init__(f"its decoder would hold {needs} bytes, over a shared slot's {slot}")
+        self.needs = needs
+        self.slot = slot
 
 
 class _StreamSource:
@@ -153,13 +200,15 @@ class _StreamSource:
 
     It also keeps what it reads, until told to keep nothing: whether the file is wanted whole is
     known only from libvips' sniffing of its first bytes, read from the forward-only stream. Kept
-    bytes plus the rest of the stream are that file, read once. Every other format stops keeping
-    after those few bytes.
+    bytes plus the rest of the stream are that file, read once. A JPEG keeps its first bytes until
+    its header is read (its frame header says what a progressive decode holds); every other format
+    stops keeping after those few bytes.
     """
 
     def __init__(self, stream: Readable) -> None:
         self._stream = stream
         self._kept: bytearray | None = bytearray()
+        self._keep_at_most: int | None = None
         self.error: PhotoError | None = None
         self.source = pyvips.SourceCustom()
         self.source.on_read(self._read)
@@ -174,13 +223,24 @@ class _StreamSource:
         except Exception as error:
             self.error = PhotoError(ErrorCode.STORAGE_READ_FAILED, repr(error))
         else:
-            if self._kept is not None:
+            if self._kept is not None and (
+                self._keep_at_most is None or len(self._kept) < self._keep_at_most
+            ):
                 self._kept += chunk
             return chunk
         return b""
 
     def keep_nothing(self) -> None:
         self._kept = None
+
+    def keep_first(self, limit: int) -> None:
+        """Keep reading into the kept bytes only while they are under `limit` (a header's)."""
+        self._keep_at_most = limit
+
+    def kept(self) -> bytes:
+        """The bytes kept so far, and keep nothing from now on."""
+        kept, self._kept = bytes(self._kept or b""), None
+        return kept
 
     def read_all(self) -> bytearray:
         """The whole original: what libvips has read so far, then the rest of the stream."""
@@ -260,33 +320,71 @@ class _Header:
     height: int  # of the first page
     bands: int
     sample_bytes: int
-    # What its decoder holds at once, in bytes, where that is more than a few rows: the whole
-    # picture, or rows of tiles.
+    # What its render holds, in bytes, beyond a render's own work (slots.RENDER_WORK) and where that
+    # grows with the picture: its decoder's whole picture (or rows of tiles), the rows libvips holds
+    # while it shrinks a picture its loader could not, the file where it is held whole. Measured
+    # against real peaks for every accepted format at 100 MP (benchmarks/fullsize.py).
     buffer_bytes: int = 0
 
     @classmethod
-    def of(cls, image: pyvips.Image, loader: str) -> _Header:
+    def of(cls, image: pyvips.Image, loader: str, held: bytes | bytearray) -> _Header:
+        """`held`: the whole file where the loader is given it whole, else the first bytes kept."""
         interlaced = _has(image, "interlaced") and bool(image.get("interlaced"))
         width, height, bands = image.width, image.get_page_height(), image.bands
         sample_bytes = _SAMPLE_BYTES.get(str(image.format), 8)
-        pixel_bytes: float = 0
+        pixels = width * height
+        decoder, shrinks_on_load = 0, loader == "jpegload_source"
         if loader == "jpegload_source" and interlaced:
-            pixel_bytes = 2 * bands  # a progressive JPEG's DCT coefficients, kept until its last scan
-        elif loader == "gifload_source" or (loader == "webpload_source" and _has(image, "delay")):
-            pixel_bytes = 4  # an animation's frame, composed on its whole canvas in RGBA
-        elif loader == _HEIF:
-            pixel_bytes = _heif_pixel_bytes(bands, sample_bytes)
+            # Shrunk on load by its DCT (up to 8 times), but a multi-scan (progressive) one keeps
+            # every coefficient until its last scan.
+            decoder = _jpeg_coefficients(width, height, bands, held)
         elif loader == "pngload_source" and interlaced:
-            pixel_bytes = bands * sample_bytes
-        buffer = int(width * height * pixel_bytes)
+            # Decoded whole (Adam7), a palette's indices beside its colours (measured: +100 MB at
+            # 100 MP).
+            palette = _has(image, "palette") and bool(image.get("palette"))
+            decoder = pixels * (bands * sample_bytes + palette)
+        elif loader == "gifload_source":
+            decoder = 4 * pixels  # its frame, composed on its whole canvas in RGBA
+        elif loader == "webpload_source":
+            # A still one shrinks on load; an animation as _webp_canvas says.
+            decoder = _webp_canvas(width, height, held) if _has(image, "delay") else 0
+            shrinks_on_load = decoder == 0
+        elif loader == _HEIF:
+            hevc = (
+                _has(image, heic.COMPRESSION_FIELD) and image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
+            )
+            return cls.heif(width, height, bands, sample_bytes, held, hevc=hevc)
+        rows = 0 if shrinks_on_load else _shrink_rows(width, bands)
         if loader == "tiffload_source" and _has(image, "tile-height"):
             # libvips holds about four rows of tiles while it shrinks (measured: 228 MB over the
-            # imports for 512-pixel tiles of 32768-pixel 8-bit rows), and a tile may hold 100 MB.
-            buffer = 4 * width * min(int(image.get("tile-height")), height) * bands * sample_bytes
-        return cls(width, height, bands, sample_bytes, buffer)
+            # imports for 512-pixel tiles of 32768-pixel 8-bit rows), and a tile may hold 100 MB:
+            # they are the rows its shrink holds, where they are more.
+            tiles = 4 * width * min(int(image.get("tile-height")), height) * bands * sample_bytes
+            rows = max(rows, tiles)
+        held_whole = len(held) if loader in _WHOLE_FILE else 0
+        return cls(width, height, bands, sample_bytes, decoder + rows + held_whole)
+
+    @classmethod
+    def heif(
+        cls,
+        width: int,
+        height: int,
+        bands: int,
+        sample_bytes: int,
+        data: bytes | bytearray,
+        *,
+        hevc: bool,
+        out_sample_bytes: int | None = None,
+    ) -> _Header:
+        """A HEIF, decoded whole by libheif (libvips' for AVIF, pi-heif's for HEVC, which copies the
+        file it is given), then shrunk by libvips."""
+        decoder = int(width * height * _heif_pixel_bytes(bands, sample_bytes, out_sample_bytes))
+        held = len(data) * (2 if hevc else 1)
+        return cls(width, height, bands, sample_bytes, decoder + _shrink_rows(width, bands) + held)
 
     def check(self, options: RenderOptions) -> None:
-        """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED)."""
+        """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED), or
+        hand back one over a shared slot to be rendered alone (RenderAlone)."""
         size = f"{self.width}x{self.height}"
         if self.width < 1 or self.height < 1:
             # Nothing to judge the file by: a HEIF grid with no size of its own decoded to whatever
@@ -301,14 +399,86 @@ class _Header:
             raise _exceeded(f"{size}: a row of {row} bytes exceeds {options.max_input_row_bytes}")
         if self.buffer_bytes > options.max_decode_buffer_bytes:
             raise _exceeded(
-                f"{size}: its decoder would hold {self.buffer_bytes} bytes, over {options.max_decode_buffer_bytes}"
+                f"{size}: its decoder would hold {self.buffer_bytes} bytes, over the "
+                f"{options.max_decode_buffer_bytes} a render may hold alone ({options.decode_budget})"
             )
+        shared = options.shared_decode_buffer_bytes
+        if shared is not None and self.buffer_bytes > shared:
+            raise RenderAlone(self.buffer_bytes, shared)
+
+
+# Rows libvips holds while it shrinks a picture its loader could not shrink, in float samples (the
+# colour conversion and an alpha's premultiplication work in float): measured up to 860 of them
+# (a 16-bit Display P3 PNG 32768 wide: 337 MB over the imports) and 1,370 of a float TIFF's.
+_SHRINK_ROWS = 1024
+# A JPEG's frame header (SOF) comes after its APP segments (EXIF, ICC, XMP: 64 KB each at most), and
+# libvips' sniffing has read through them already; what its header read reads beyond that is kept up
+# to this.
+_JPEG_HEADER_BYTES = 256 << 10
+# Start-of-frame markers: baseline, extended, progressive and lossless, Huffman or arithmetic coded.
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_JPEG_SOS = 0xDA
+
+
+def _shrink_rows(width: int, bands: int) -> int:
+    return _SHRINK_ROWS * width * bands * 4
+
+
+def _jpeg_coefficients(width: int, height: int, bands: int, header: bytes | bytearray) -> int:
+    """What libjpeg holds of a multi-scan JPEG until its last scan: every DCT coefficient, 64 of 2
+    bytes a block of 8 x 8 samples of each component at its own sampling (4:2:0: a luma block, half a
+    chroma one; 3 bytes a pixel, 6 at 4:4:4, 8 for CMYK), padded to whole MCUs. The sampling is the
+    frame header's; where the kept bytes do not reach it, every component at full resolution, the
+    most it can be."""
+    factors = _jpeg_sampling(header) or [(1, 1)] * bands
+    across = -(-width // (8 * max(h for h, _ in factors)))
+    down = -(-height // (8 * max(v for _, v in factors)))
+    return sum(across * h * down * v for h, v in factors) * 64 * 2
+
+
+def _jpeg_sampling(data: bytes | bytearray) -> list[tuple[int, int]] | None:
+    """Each component's sampling factors (horizontal, vertical) from the frame header, or None."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte
+            at += 1
+            continue
+        if marker == _JPEG_SOS:
+            return None
+        if marker in _JPEG_SOF:
+            count = data[at + 9] if at + 9 < len(data) else 0
+            components = data[at + 10 : at + 10 + 3 * count]
+            factors = [(packed >> 4, packed & 15) for packed in components[1::3]]
+            valid = (
+                count and len(components) == 3 * count and all(1 <= f <= 4 for pair in factors for f in pair)
+            )
+            return factors if valid else None
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return None
+
+
+def _webp_canvas(width: int, height: int, data: bytes | bytearray) -> int:
+    """What libvips holds of an animated WebP: nothing more than a still one where its first frame
+    fills the canvas (it shrinks on load); else its RGBA canvas at full size and the frame decoded
+    beside it (a frame one pixel short of a 100 MP canvas: 800 MB)."""
+    frame = frames.webp_first_frame(data)
+    if frame == (0, 0, width, height):
+        return 0
+    area = frame[2] * frame[3] if frame is not None else width * height
+    return 4 * width * height + 4 * min(area, width * height)
 
 
 def _heif_pixel_bytes(bands: int, sample_bytes: int, out_sample_bytes: int | None = None) -> float:
     """What libheif holds a pixel of a HEIF in: its coded planes (4:2:0, as phones code them, 1.5
-    samples a pixel) and the interleaved RGB(A) it converts them to, 8-bit or 16-bit."""
-    return 1.5 * sample_bytes + bands * (out_sample_bytes or sample_bytes)
+    samples a pixel, and an alpha plane) and the interleaved RGB(A) it converts them to, 8-bit or
+    16-bit."""
+    planes = 1.5 + (bands in (2, 4))
+    return planes * sample_bytes + bands * (out_sample_bytes or sample_bytes)
 
 
 def _has(image: pyvips.Image, field: str) -> bool:
@@ -414,9 +584,8 @@ def _heif_header(data: bytearray, source: pyvips.Source) -> tuple[pyvips.Image |
             declared.bands,
             declared.sample_bytes,
         )
-        held = width * height * _heif_pixel_bytes(bands, sample_bytes)
-        return None, _Header(width, height, bands, sample_bytes, int(held))
-    return image, _Header.of(image, _HEIF)
+        return None, _Header.heif(width, height, bands, sample_bytes, data, hevc=True)
+    return image, _Header.of(image, _HEIF, data)
 
 
 def _displayable(image: pyvips.Image) -> pyvips.Image:
@@ -445,7 +614,29 @@ def _read_header(
         image = pyvips.Image.new_from_source(source, "", access="sequential")
     except pyvips.Error as error:
         raise stream.fail(ErrorCode.DECODE_FAILED, error) from None
-    return image, _Header.of(image, loader)
+    # A streamed file's first bytes (a JPEG's frame header), kept until now; a whole one's all.
+    return image, _Header.of(image, loader, data if loader in _WHOLE_FILE else stream.kept())
+
+
+def _capture(image: pyvips.Image | None, loader: str, data: bytearray, location: bool) -> capture.Reading:
+    """The capture metadata, from the EXIF the header read already holds: libvips' block, a TIFF's
+    own directories (libvips keeps no block for those), or pi-heif's for a HEIF whose header libvips
+    could not read. No pixel is decoded for it."""
+    if loader == "tiffload_source":
+        return capture.read(data, location=location, limit=None)
+    if image is None:
+        return capture.read(heic.exif(data), location=location)
+    if not _has(image, "exif-data"):
+        return capture.NOTHING
+    # Its size first: pyvips' get() copies the block out of libvips, however large the file made it.
+    value = pyvips.GValue()
+    if pyvips.vips_lib.vips_image_get(image.pointer, b"exif-data", value.pointer) != 0:
+        return capture.NOTHING
+    size = pyvips.ffi.new("size_t *")
+    pyvips.vips_lib.vips_value_get_blob(value.gvalue, size)
+    if size[0] > capture.MAX_EXIF_BYTES:
+        return capture.too_large(int(size[0]))
+    return capture.read(image.get("exif-data"), location=location)
 
 
 def _waits(stream: Readable) -> Callable[[], float]:
@@ -456,8 +647,56 @@ def _waits(stream: Readable) -> Callable[[], float]:
     return lambda: 0.0
 
 
-def render(original: Readable, options: RenderOptions, *, time_budget: float = math.inf) -> Rendered:
-    """Render `thumb` and `browse` WebP variants from a stream of the original.
+def _encoded(
+    kind: VariantKind, image: pyvips.Image, image_format: str, options: RenderOptions, deadline: _Deadline
+) -> RenderedVariant:
+    """`image` encoded, with no metadata at all (no EXIF, XMP, IPTC nor ICC profile: the pixels are
+    sRGB already), alpha kept."""
+    deadline.check(f"before encoding the {kind}")
+    if image_format == "avif":
+        # libheif's AV1 encoder; 8 bits, chroma 4:2:0 below quality 90 (libvips' "auto").
+        data = image.heifsave_buffer(
+            Q=options.avif_quality, effort=options.avif_effort, compression="av1", keep="none"
+        )
+    else:
+        data = image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none")
+    content_type, extension = ladder.FORMATS[image_format]
+    return RenderedVariant(kind, data, image.width, image.height, content_type, extension)
+
+
+def _ladder(
+    browse: pyvips.Image, browse_webp: RenderedVariant, options: RenderOptions, deadline: _Deadline
+) -> list[RenderedVariant]:
+    """The ladder's steps, each resized from the browse in memory (never a second decode), smallest
+    first; each step in every format, in the configured order.
+
+    A step at the browse's own size is the browse: its WebP is the browse itself (the same pixels
+    and settings), neither encoded nor stored twice.
+    """
+    long_edge = max(browse.width, browse.height)
+    variants = []
+    for size in ladder.steps(options.variant_widths, long_edge):
+        image = browse if size == long_edge else browse.thumbnail_image(size, height=size)
+        if image is not browse and len(options.variant_formats) > 1:
+            # Materialised once for its formats: each encode would resize it again. With one format
+            # the encoder pulls the resize through (a few megabytes less at the peak).
+            image = image.copy_memory()
+        for image_format in options.variant_formats:
+            kind = ladder_kind(size, image_format)
+            if image is browse and image_format == "webp":
+                variants.append(replace(browse_webp, kind=kind, same_as=browse_webp.kind))
+            else:
+                variants.append(_encoded(kind, image, image_format, options, deadline))
+    return variants
+
+
+def render(
+    original: Readable, options: RenderOptions, *, time_budget: float = math.inf, location: bool = False
+) -> Rendered:
+    """Render `thumb` and `browse` (WebP) and the responsive ladder from a stream of the original.
+
+    `location`: read the photo's GPS position into its capture metadata (the upload said its user
+    agreed); without it, the GPS tags are never read. Variants carry no metadata either way.
 
     `time_budget`: the seconds the caller can still give (an invocation's time left); the render
     stops at that or at `options.render_timeout_seconds`, whichever comes first, with
@@ -474,6 +713,8 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
         data = stream.read_all()
         frames.first_frame(loader, data)
         source = pyvips.Source.new_from_memory(data)
+    elif loader == "jpegload_source":
+        stream.keep_first(_JPEG_HEADER_BYTES)
     else:
         stream.keep_nothing()
     deadline.check("after reading")
@@ -490,16 +731,26 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
             and header_image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
         )
     )
-    # A deep (10 or 12-bit) HEVC picture over the decode buffer limit is decoded at 8 bits by libheif
-    # where that fits: a phone's 48 MP HDR photo renders, a little darker (libheif truncates).
+    # A deep (10 or 12-bit) HEVC picture more than a render may hold alone at 16 bits is decoded at 8
+    # by libheif where that fits, a little darker (libheif truncates): at the template's memory no
+    # picture within the pixel limit needs it; in 1280 MB, a 100 MP 10-bit one does.
     eight_bit = hevc and header.sample_bytes > 1 and header.buffer_bytes > options.max_decode_buffer_bytes
     if eight_bit:
-        held = header.width * header.height * _heif_pixel_bytes(header.bands, header.sample_bytes, 1)
-        header = replace(header, buffer_bytes=int(held))
-    # Bombs of every shape are refused on what the header declares, before any pixel is decoded.
+        header = _Header.heif(
+            header.width,
+            header.height,
+            header.bands,
+            header.sample_bytes,
+            data,
+            hevc=True,
+            out_sample_bytes=1,
+        )
+    # Bombs of every shape are refused on what the header declares, before any pixel is decoded; a
+    # picture over a shared slot goes back to the caller, to be rendered alone (RenderAlone).
     header.check(options)
     if loader == _HEIF:
         heic.check_canvas(data)
+    taken = _capture(header_image, loader, data, location)
 
     width, height = header.width, header.height
     # (heifload reports no orientation: libheif applies the file's irot/imir, so its size is upright.)
@@ -519,21 +770,22 @@ def render(original: Readable, options: RenderOptions, *, time_budget: float = m
 
     try:
         thumb = browse.thumbnail_image(options.thumb_size, height=options.thumb_size, size="down")
-        images: tuple[tuple[VariantKind, pyvips.Image], ...] = (("thumb", thumb), ("browse", browse))
-        variants = []
-        for kind, image in images:
-            deadline.check(f"before encoding the {kind}")
-            variants.append(
-                RenderedVariant(
-                    kind=kind,
-                    data=image.webpsave_buffer(Q=options.quality, effort=options.effort, keep="none"),
-                    width=image.width,
-                    height=image.height,
-                )
-            )
+        variants = [
+            _encoded(kind, image, "webp", options, deadline)
+            for kind, image in (("thumb", thumb), ("browse", browse))
+        ]
+        variants += _ladder(browse, variants[-1], options, deadline)
         # From the browse already in memory: no second decode, and it is the displayed picture
         # (upright, sRGB, alpha kept).
         shown = thumbhash.placeholder(browse)
     except pyvips.Error as error:
         raise PhotoError(ErrorCode.ENCODE_FAILED, f"{error.message} {error.detail}".strip()) from None
-    return Rendered(width=width, height=height, loader=loader, variants=tuple(variants), placeholder=shown)
+    return Rendered(
+        width=width,
+        height=height,
+        loader=loader,
+        variants=tuple(variants),
+        placeholder=shown,
+        capture=taken.capture,
+        capture_problem=taken.problem,
+    )

@@ -22,6 +22,9 @@ PIPELINE_VERSION = 1
 COLOUR_POLICY = "srgb-from-embedded-profile"
 
 
+_LADDER_FIELDS = ("widths", "formats", "avif_quality", "avif_effort")
+
+
 class RecipeMismatch(RuntimeError):
     """These settings would write other bytes under an existing version's keys."""
 
@@ -35,6 +38,13 @@ class Recipe:
     effort: int
     colour: str
     pipeline: int
+    # The responsive ladder (SPEC 18): its long edges and formats, and AVIF's settings where it is
+    # one of them. Without a ladder, none of these is part of the fingerprint: a recipe of thumb and
+    # browse alone hashes as it did before the ladder existed (version 1's recorded fingerprint).
+    widths: tuple[int, ...] = ()
+    formats: tuple[str, ...] = ("webp",)
+    avif_quality: int | None = None
+    avif_effort: int | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Recipe:
@@ -46,11 +56,28 @@ class Recipe:
             effort=settings.webp_effort,
             colour=COLOUR_POLICY,
             pipeline=PIPELINE_VERSION,
+            widths=tuple(sorted(settings.variant_widths)),
+            formats=settings.variant_formats,
+            **(
+                {"avif_quality": settings.avif_quality, "avif_effort": settings.avif_effort}
+                if "avif" in settings.variant_formats and settings.variant_widths
+                else {}
+            ),
         )
+
+    def as_record(self) -> dict[str, object]:
+        """The recipe as recorded and hashed (JSON): the ladder's part only where there is a ladder."""
+        record: dict[str, object] = json.loads(json.dumps(asdict(self)))
+        if not self.widths:
+            for name in _LADDER_FIELDS:
+                del record[name]
+        elif self.avif_quality is None:
+            del record["avif_quality"], record["avif_effort"]
+        return record
 
     @property
     def fingerprint(self) -> str:
-        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.as_record(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -61,10 +88,11 @@ def mismatch(
     None if they agree."""
     if fingerprint == recipe.fingerprint:
         return None
+    current = recipe.as_record()
     changed = {
-        name: f"{recorded.get(name)!r} -> {value!r}"
-        for name, value in asdict(recipe).items()
-        if recorded.get(name) != value
+        name: f"{recorded.get(name)!r} -> {current.get(name)!r}"
+        for name in sorted(current.keys() | recorded.keys())
+        if recorded.get(name) != current.get(name)
     }
     return RecipeMismatch(
         f"VARIANT_VERSION {version} was recorded with another recipe ({changed}): these settings "

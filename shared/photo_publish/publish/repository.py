@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
@@ -42,6 +42,8 @@ from photo_publish.jobs import machine
 from photo_publish.keys import Upload
 from photo_publish.outbox import writer
 from photo_publish.outbox.contracts import (
+    NO_CAPTURE,
+    Capture,
     Placeholder,
 )
 from photo_publish.publish import transaction
@@ -63,6 +65,8 @@ class PhotoRow:
     rerender_to: int | None = None
     # The job's last worker died holding it: its claim is stale, or the sweep took it back.
     worker_lost: bool = False
+    # Its upload said the user agreed to keep its location (SPEC 18): only then is GPS read.
+    keep_location: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +114,7 @@ class PhotoRepository:
         with self._transaction() as connection:
             connection.execute(
                 insert(variant_recipes)
-                .values(version=version, fingerprint=recipe.fingerprint, recipe=asdict(recipe))
+                .values(version=version, fingerprint=recipe.fingerprint, recipe=recipe.as_record())
                 .on_conflict_do_nothing(index_elements=[variant_recipes.c.version])
             )
             recorded = connection.execute(
@@ -141,6 +145,7 @@ class PhotoRepository:
                     photos.c.variant_version,
                     photo_jobs.c.rerender_to,
                     func.coalesce(worker_lost, false()),
+                    photos.c.keep_location,
                 )
                 .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
                 .where(photos.c.id == photo_id)
@@ -221,6 +226,7 @@ class PhotoRepository:
         variants: Sequence[StoredVariant],
         variant_version: int,
         placeholder: Placeholder,
+        capture: Capture = NO_CAPTURE,
     ) -> PublishResult:
         """SPEC 4.1's one transaction (`transaction.publish`)."""
         with self._transaction() as connection:
@@ -233,6 +239,7 @@ class PhotoRepository:
                 variants=variants,
                 variant_version=variant_version,
                 placeholder=placeholder,
+                capture=capture,
             )
 
     def replace_variants(
@@ -246,6 +253,7 @@ class PhotoRepository:
         variant_version: int,
         placeholder: Placeholder,
         retire_after: timedelta,
+        capture: Capture = NO_CAPTURE,
     ) -> PublishResult:
         """A re-render's one transaction (`transaction.replace_variants`)."""
         with self._transaction() as connection:
@@ -258,6 +266,7 @@ class PhotoRepository:
                 variants=variants,
                 variant_version=variant_version,
                 placeholder=placeholder,
+                capture=capture,
                 retire_after=retire_after,
             )
 

@@ -15,7 +15,8 @@ from uuid import UUID
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
-from photo_publish.image.pipeline import Readable, RenderOptions, render
+from photo_publish.image import slots
+from photo_publish.image.pipeline import Readable, RenderAlone, RenderOptions, render
 from photo_publish.image.recipes import Recipe
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
@@ -33,18 +34,23 @@ from photo_publish.publish.transaction import StoredVariant
 from photo_publish.settings import Settings
 
 
-def render_options(settings: Settings) -> RenderOptions:
+def render_options(settings: Settings, budget: slots.DecodeBudget | None = None) -> RenderOptions:
+    """The pipeline's options for a render beside the others, in a slot of `budget` (by default the
+    settings' own for the function's nominal resident set; the service measures its own)."""
     return RenderOptions(
         thumb_size=settings.thumb_size,
         browse_size=settings.browse_size,
         quality=settings.webp_quality,
         effort=settings.webp_effort,
+        variant_widths=settings.variant_widths,
+        variant_formats=settings.variant_formats,
+        avif_quality=settings.avif_quality,
+        avif_effort=settings.avif_effort,
         max_input_pixels=settings.max_input_pixels,
         max_input_dimension=settings.max_input_dimension,
         max_input_row_bytes=settings.max_input_row_bytes,
-        max_decode_buffer_bytes=settings.max_decode_buffer_bytes,
         render_timeout_seconds=settings.render_timeout_seconds,
-    )
+    ).sharing(budget or settings.decode_budget())
 
 
 class OriginalStream(Readable, Protocol):
@@ -69,7 +75,10 @@ class RenderGate:
     """Records of a container work side by side, except one that must work alone.
 
     `alone()` waits until no record is inside and lets none in until it leaves; records waiting to
-    go in alone go first.
+    go in alone go first. Two kinds of record go in alone: one whose last worker died (it may be what
+    killed it), and one whose decoder needs more memory than a shared slot (it has first left the
+    records it was among: a record never waits to be alone while it is inside, so two such records
+    cannot wait for each other).
     """
 
     def __init__(self) -> None:
@@ -121,8 +130,15 @@ class PhotoService:
         self._store = store
         self._queue = queue
         self._settings = settings
-        self._options = render_options(settings)
         self._events = events
+        # What a render may hold follows the function's memory, less what this process holds now
+        # (its cold start: the interpreter, libvips, the clients): a shared slot, or the whole alone.
+        budget = settings.decode_budget(slots.resident_bytes())
+        logger.info(
+            "decode budget", slot_bytes=budget.slot, whole_bytes=budget.whole, source=budget.describe()
+        )
+        self._options = render_options(settings, budget)
+        self._alone = self._options.alone()
         self._gate = RenderGate()
         # Renders at once, whatever the records in flight (the others wait here holding nothing but
         # their original's open stream).
@@ -161,20 +177,39 @@ class PhotoService:
         # A photo whose last worker died may be what killed it (a decoder's crash ends the whole
         # container): it is claimed and rendered alone, so that if it crashes again no neighbour of
         # its batch dies holding an attempt of its own (tests/integration/test_worker_crash.py).
-        with self._gate.alone() if photo.worker_lost else self._gate.shared():
+        alone = photo.worker_lost
+        with self._gate.alone() if alone else self._gate.shared():
             attempt = self._claim(photo, request)
             if isinstance(attempt, Result):
                 return attempt
             logger.thread_safe_append_keys(attempt=attempt)
             try:
-                return self._render_and_publish(photo, attempt, remaining, time.perf_counter() - started)
-            except PhotoError as error:
-                return self._failures.attempt_failed(photo.id, attempt, error)
-            except Exception as error:
-                logger.exception("unexpected error")
-                return self._failures.attempt_failed(
-                    photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error))
-                )
+                return self._attempt(photo, attempt, remaining, started, alone=alone)
+            except RenderAlone as over:
+                # Its header says more than a shared slot: it leaves the records it is among, keeping
+                # its claim, and renders once none is left (SPEC 3: only what no slot of this
+                # function could hold is refused).
+                logger.info("rendering alone", decode_bytes=over.needs, slot_bytes=over.slot)
+        with self._gate.alone():
+            return self._attempt(photo, attempt, remaining, started, alone=True)
+
+    def _attempt(
+        self, photo: PhotoRow, attempt: int, remaining: Remaining, started: float, *, alone: bool
+    ) -> Result:
+        """Render and publish the claimed attempt; a failure is recorded, RenderAlone passed on."""
+        try:
+            return self._render_and_publish(
+                photo, attempt, remaining, time.perf_counter() - started, alone=alone
+            )
+        except RenderAlone:
+            raise
+        except PhotoError as error:
+            return self._failures.attempt_failed(photo.id, attempt, error)
+        except Exception as error:
+            logger.exception("unexpected error")
+            return self._failures.attempt_failed(
+                photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error))
+            )
 
     def _photo_to_render(self, request: PhotoRequest) -> PhotoRow | Result:
         """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
@@ -223,7 +258,7 @@ class PhotoService:
         return Result(Outcome.SKIPPED, photo.id)
 
     def _render_and_publish(
-        self, photo: PhotoRow, attempt: int, remaining: Remaining, claim_seconds: float
+        self, photo: PhotoRow, attempt: int, remaining: Remaining, claim_seconds: float, *, alone: bool
     ) -> Result:
         settings = self._settings
         started = time.perf_counter()
@@ -236,11 +271,17 @@ class PhotoService:
                 # libvips is stopped inside its evaluation if the invocation's time runs out first
                 # (TIME_BUDGET_EXCEEDED), or the render's own limit does (RENDER_TIME_EXCEEDED).
                 rendered = render(
-                    stream, self._options, time_budget=remaining() - settings.commit_budget_seconds
+                    stream,
+                    self._alone if alone else self._options,
+                    time_budget=remaining() - settings.commit_budget_seconds,
+                    location=photo.keep_location,
                 )
         finally:
             stream.close()
         rendered_at = time.perf_counter()
+        if rendered.capture_problem is not None:
+            # The photo publishes all the same, without what its EXIF did not say clearly.
+            logger.warning("capture metadata left empty", problem=rendered.capture_problem)
 
         if not self._repository.holds(photo.id, attempt, settings.variant_version):
             # Taken over, or published meanwhile at this version: its variants are not this worker's
@@ -255,7 +296,7 @@ class PhotoService:
                     photo.album_id,
                     photo.id,
                     version=settings.variant_version,
-                    kind=variant.kind,
+                    kind=variant.same_as or variant.kind,
                     ext=variant.extension,
                 ),
                 variant.width,
@@ -265,10 +306,12 @@ class PhotoService:
             )
             for variant in rendered.variants
         ]
+        # A variant that is another's object (the ladder's step at the browse's size) is put once.
         self._put_variants(
             [
                 (put.key, variant.data, put.content_type)
                 for put, variant in zip(stored, rendered.variants, strict=True)
+                if variant.same_as is None
             ]
         )
 
@@ -291,6 +334,7 @@ class PhotoService:
             variants=stored,
             variant_version=settings.variant_version,
             placeholder=rendered.placeholder,
+            capture=rendered.capture,
         )
         waited = slotted - opened
         steps = Steps(
@@ -305,7 +349,7 @@ class PhotoService:
             photo.id,
             attempt=attempt,
             steps=steps,
-            variant_bytes=sum(v.size for v in stored),
+            variant_bytes=sum({v.key: v.size for v in stored}.values()),
             handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
         )
 

@@ -13,15 +13,18 @@ from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from photo_publish.adapters.tables import photo_variants, photos, retired_variants
 from photo_publish.jobs import machine
+from photo_publish.keys import FIXED_KINDS, VariantKind
 from photo_publish.outbox import writer
 from photo_publish.outbox.contracts import (
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
+    Capture,
+    Location,
     PhotoPublishedPayload,
     Placeholder,
     PublishedVariants,
@@ -31,7 +34,8 @@ from photo_publish.outbox.contracts import (
 
 @dataclass(frozen=True, slots=True)
 class StoredVariant:
-    kind: Literal["thumb", "browse"]
+    # "thumb", "browse", or a ladder step ("w640-webp", keys.py)
+    kind: VariantKind
     key: str
     width: int
     height: int
@@ -55,6 +59,7 @@ def publish(
     variants: Sequence[StoredVariant],
     variant_version: int,
     placeholder: Placeholder,
+    capture: Capture,
 ) -> PublishResult:
     """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing.
 
@@ -65,7 +70,7 @@ def publish(
     if not machine.publish(connection, photo_id, attempt):
         return PublishResult(_superseded_or_skipped(connection, photo_id))
     published = machine.publish_photo(
-        connection, photo_id, _rendition(width, height, variant_version, placeholder)
+        connection, photo_id, _rendition(width, height, variant_version, placeholder, capture)
     )
     if published is None:
         # Zero rows: published already (by a worker of an earlier claim), or deleted.
@@ -81,6 +86,7 @@ def publish(
         height=height,
         variants=variants,
         placeholder=placeholder,
+        capture=capture,
     )
     return PublishResult("published", payload)
 
@@ -95,6 +101,7 @@ def replace_variants(
     variants: Sequence[StoredVariant],
     variant_version: int,
     placeholder: Placeholder,
+    capture: Capture,
     retire_after: timedelta,
 ) -> PublishResult:
     """SPEC 14: a published photo's variants re-rendered at a newer recipe, in one transaction.
@@ -113,17 +120,20 @@ def replace_variants(
             # Published at this version meanwhile (a new upload's own render): nothing to do.
             func.coalesce(photos.c.variant_version, 0) < variant_version,
         )
-        .values(**_rendition(width, height, variant_version, placeholder))
+        .values(**_rendition(width, height, variant_version, placeholder, capture))
         .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
     ).one_or_none()
     if replaced is None:
         exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
         return PublishResult("already" if exists else "skipped")
     old_keys = connection.scalars(
-        select(photo_variants.c.storage_key).where(
+        select(photo_variants.c.storage_key)
+        .where(
             photo_variants.c.photo_id == photo_id,
             photo_variants.c.storage_key.not_in([v.key for v in variants]),
         )
+        # two rows may name one object (the ladder's step at the browse's size)
+        .distinct()
     ).all()
     _store_variants(connection, photo_id, variants, variant_version)
     payload, event_id = _append_event(
@@ -135,6 +145,7 @@ def replace_variants(
         height=height,
         variants=variants,
         placeholder=placeholder,
+        capture=capture,
     )
     if old_keys:
         # Deleted once `retire_after` has passed and the event telling consumers of the new
@@ -166,6 +177,13 @@ def _superseded_or_skipped(connection: Connection, photo_id: UUID) -> Literal["s
 def _store_variants(
     connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
 ) -> None:
+    """The photo's rows become exactly `variants`: a kind of an older recipe that this one does not
+    render (a ladder step it dropped) goes with it."""
+    connection.execute(
+        delete(photo_variants).where(
+            photo_variants.c.photo_id == photo_id, photo_variants.c.kind.not_in([v.kind for v in variants])
+        )
+    )
     stmt = insert(photo_variants).values(
         [
             {
@@ -207,6 +225,7 @@ def _append_event(
     height: int,
     variants: Sequence[StoredVariant],
     placeholder: Placeholder,
+    capture: Capture,
 ) -> tuple[PhotoPublishedPayload, UUID]:
     """The outbox row of a publication or a re-render (the same payload, SPEC 14), and its id."""
     album_id, entity_version, published_at = photo
@@ -217,6 +236,7 @@ def _append_event(
         )
         for v in variants
     }
+    fixed = {kind: refs.pop(kind) for kind in FIXED_KINDS}
     payload = PhotoPublishedPayload(
         photo_id=photo_id,
         album_id=album_id,
@@ -224,21 +244,67 @@ def _append_event(
         published_at=published_at,
         width=width,
         height=height,
-        variants=PublishedVariants(**refs),
+        variants=PublishedVariants(**fixed),
         placeholder=placeholder,
+        # In the render's order: by width, a step's formats in the configured order.
+        ladder=tuple(refs.values()),
+        capture=capture,
     )
     return payload, writer.append_published(connection, event_type, payload)
 
 
-def _rendition(width: int, height: int, variant_version: int, placeholder: Placeholder) -> dict[str, Any]:
+def _rendition(
+    width: int, height: int, variant_version: int, placeholder: Placeholder, capture: Capture
+) -> dict[str, Any]:
     """The photo's columns a render sets, publishing or re-rendering: its displayed size, its
-    variants' version, its placeholder, and one version bump."""
+    variants' version, its placeholder, its capture metadata, and one version bump."""
     return {
         "width": width,
         "height": height,
         "variant_version": variant_version,
         "thumbhash": placeholder.thumbhash,
         "average_color": placeholder.average_color,
+        **capture_columns(capture),
         "entity_version": photos.c.entity_version + 1,
         "updated_at": func.now(),
     }
+
+
+def capture_columns(capture: Capture) -> dict[str, Any]:
+    """The photo's capture columns, each set (to null where the photo says nothing: a new upload's
+    render leaves nothing of the last one's)."""
+    location = capture.location
+    return {
+        "taken_at": capture.taken_at,
+        "taken_at_local": capture.taken_at_local,
+        "camera_make": capture.make,
+        "camera_model": capture.model,
+        "lens_model": capture.lens,
+        "f_number": capture.f_number,
+        "exposure_time": capture.exposure_time,
+        "iso": capture.iso,
+        "focal_length": capture.focal_length,
+        "latitude": location.latitude if location else None,
+        "longitude": location.longitude if location else None,
+        "altitude": location.altitude if location else None,
+    }
+
+
+def capture_of(photo: Any) -> Capture:
+    """A photos row's capture columns, as the payload carries them (`capture_columns` read back)."""
+    return Capture(
+        taken_at=photo.taken_at,
+        taken_at_local=photo.taken_at_local,
+        make=photo.camera_make,
+        model=photo.camera_model,
+        lens=photo.lens_model,
+        f_number=photo.f_number,
+        exposure_time=photo.exposure_time,
+        iso=photo.iso,
+        focal_length=photo.focal_length,
+        location=(
+            None
+            if photo.latitude is None
+            else Location(latitude=photo.latitude, longitude=photo.longitude, altitude=photo.altitude)
+        ),
+    )

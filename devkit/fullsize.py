@@ -1,0 +1,239 @@
+"""Real photos at the pixel limit (100 MP) in every format the pipeline accepts, as their writers make them.
+
+Where devkit/hostile.py builds files to cost a decoder what it can, these are what a person uploads
+at the top of MAX_INPUT_PIXELS: the project's photograph enlarged and written by the encoder of its
+format (libvips' mozjpeg-like progressive JPEG, interlaced PNG, tiled TIFF, animated WebP, Pillow's
+GIF, x265's 10-bit HEVC), each within MAX_ORIGINAL_BYTES. The decoders that hold the whole picture
+(a progressive JPEG's coefficients, an interlaced PNG, a HEIF, an animation's canvas) are the point;
+streaming ones (baseline JPEG, plain PNG, still WebP) are there to compare.
+
+Two files stand for pictures real encoders would make too large to upload: their pixels are zeros,
+their decoders' memory the same (a 16-bit RGBA interlaced PNG, hostile.png's writer; a progressive
+CMYK JPEG). HEIF and AVIF pictures are grids of one real coded 512 x 512 tile, repeated, as
+hostile.py makes them: every tile is decoded for real, and encoding 100 MP with x265 or aom would take
+minutes.
+
+    python -m devkit.fullsize <folder>    write every case of CASES not there yet (about a minute)
+
+Making them holds 100 MP pictures (up to 1.6 GB): benchmarks and tests run this module in a child
+process, and keep its files (under .local/fullsize).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pyvips
+
+from devkit import hostile, samples
+from photo_publish.errors import PhotoError
+from photo_publish.image import slots
+from photo_publish.image.pipeline import Readable, RenderAlone, RenderOptions, render
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / ".local" / "fullsize"
+PIXELS = 100_000_000
+# Shapes of 100 MP: a 3:2 camera's, a square one's; the issue's 48 MP camera (8000 x 6000).
+WIDE, SQUARE, CAMERA_48MP = (12_500, 8_000), (10_000, 10_000), (8_000, 6_000)
+
+
+def _picture(size: tuple[int, int]) -> pyvips.Image:
+    """The project's photograph enlarged to `size`: a lazy image, made as the encoder asks for it."""
+    photo = samples.photograph()
+    return photo.resize(size[0] / photo.width, vscale=size[1] / photo.height)
+
+
+def _jpeg(size: tuple[int, int], **options: object) -> Callable[[], bytes]:
+    return lambda: bytes(_picture(size).jpegsave_buffer(**options))
+
+
+def _progressive_cmyk(size: tuple[int, int]) -> bytes:
+    # A print shop's file: 4 components, none subsampled (8 bytes a pixel of coefficients).
+    black = pyvips.Image.black(*size, bands=4).copy(interpretation="cmyk")
+    return bytes(black.jpegsave_buffer(interlace=True))
+
+
+def _interlaced_png(size: tuple[int, int]) -> bytes:
+    # The palette keeps the enlarged photograph under MAX_ORIGINAL_BYTES (RGB would be 150 MB); an
+    # interlaced file's decoder holds it whole all the same, as RGB (libvips expands the palette).
+    return bytes(_picture(size).pngsave_buffer(interlace=True, palette=True, effort=1, compression=1))
+
+
+def _tiled_tiff(size: tuple[int, int]) -> bytes:
+    return bytes(
+        _picture(size).tiffsave_buffer(tile=True, tile_width=512, tile_height=512, compression="jpeg")
+    )
+
+
+def _animated_gif(size: tuple[int, int]) -> bytes:
+    """Two frames: the photograph, then a small change in its corner (Pillow stores only that)."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None
+    picture = _picture(size).colourspace("b-w").copy_memory()
+    first = Image.frombytes("L", size, picture.write_to_memory()).convert("P")
+    second = first.copy()
+    second.paste(0, (0, 0, 64, 64))
+    out = io.BytesIO()
+    first.save(out, "GIF", save_all=True, append_images=[second], duration=100, loop=0)
+    return out.getvalue()
+
+
+def _animated_webp(size: tuple[int, int]) -> bytes:
+    """Two frames of the canvas' size: the photograph and its negative (libvips' animated WebP)."""
+    picture = _picture(size).copy_memory()
+    pages = pyvips.Image.arrayjoin([picture, picture.invert()], across=1).copy()
+    pages.set_type(pyvips.GValue.gint_type, "page-height", size[1])
+    pages.set_type(pyvips.GValue.array_int_type, "delay", [100, 100])
+    return bytes(pages.webpsave_buffer(Q=60, effort=0))
+
+
+def _heif_grid(kind: str, size: tuple[int, int]) -> Callable[[], bytes]:
+    def make() -> bytes:
+        tile = _tile(kind)
+        across, down = -(-size[0] // tile.size[0]), -(-size[1] // tile.size[1])
+        brand = b"avif" if kind.startswith("av1") else b"heic"
+        return hostile.heif(
+            hostile.Grid(tile, across, down, size), thumbnail=tile, metadata_items=2, brand=brand
+        )
+
+    return make
+
+
+def _tile(kind: str) -> hostile.CodedPicture:
+    """HEVC in phones' 512 x 512 tiles (hostile.py's); AV1 in tiles of 2048, as libavif grids big
+    pictures (in 512s, a 100 MP AVIF would be over the 256 items libvips' libheif reads)."""
+    if not kind.startswith("av1"):
+        return hostile._tile(kind)
+    crop = _picture(SQUARE).crop(0, 0, 2048, 2048).copy_memory()
+    if kind == "av1-10":
+        crop = (crop.cast("ushort") * 257).cast("ushort").copy(interpretation="rgb16")
+    coded = crop.heifsave_buffer(compression="av1", Q=50, effort=0, bitdepth=10 if kind == "av1-10" else 8)
+    return hostile.coded_picture(bytes(coded))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # also the file's name
+    make: Callable[[], bytes]
+    note: str
+    size: tuple[int, int] = SQUARE
+    # How the process function renders it at the template's memory: in a shared slot, or alone.
+    route: str = "shared"
+
+
+CASES = [
+    Case(
+        "jpeg-progressive-8000x6000.jpg",
+        _jpeg(CAMERA_48MP, Q=85, interlace=True, optimize_coding=True),
+        "the issue's: a 48 MP camera's, as mozjpeg writes it (4:2:0)",
+        size=CAMERA_48MP,
+    ),
+    Case(
+        "jpeg-progressive-12500x8000.jpg",
+        _jpeg(WIDE, Q=85, interlace=True, optimize_coding=True),
+        "progressive, 4:2:0",
+        size=WIDE,
+    ),
+    Case("jpeg-progressive-444-10000x10000.jpg", _jpeg(SQUARE, Q=95, interlace=True), "progressive, 4:4:4"),
+    Case(
+        "jpeg-progressive-cmyk-10000x10000.jpg",
+        lambda: _progressive_cmyk(SQUARE),
+        "progressive CMYK: the most a JPEG's coefficients hold",
+        route="alone",
+    ),
+    Case("jpeg-baseline-12500x8000.jpg", _jpeg(WIDE, Q=85), "baseline: shrinks on load, streams", size=WIDE),
+    Case("png-interlaced-10000x10000.png", lambda: _interlaced_png(SQUARE), "interlaced (Adam7), 8-bit"),
+    Case(
+        "png-interlaced-10000x10000-16bit-alpha.png",
+        lambda: hostile.png(*SQUARE, bits=16, bands=4, interlaced=True),
+        "interlaced 16-bit RGBA: the most a PNG holds",
+        route="alone",
+    ),
+    Case(
+        "png-12500x8000.png",
+        lambda: bytes(_picture(WIDE).pngsave_buffer(palette=True, effort=1)),
+        "not interlaced: streams",
+        size=WIDE,
+    ),
+    Case("tiff-tiled-10000x10000.tif", lambda: _tiled_tiff(SQUARE), "512-pixel tiles, JPEG-coded"),
+    Case(
+        "heic-10bit-10000x10000.heic", _heif_grid("hevc-10", SQUARE), "10-bit HEVC, 400 tiles", route="alone"
+    ),
+    Case("heic-10000x10000.heic", _heif_grid("hevc-8", SQUARE), "8-bit HEVC, 400 tiles"),
+    Case("avif-10000x10000.avif", _heif_grid("av1", SQUARE), "8-bit AV1 (libvips' libheif)"),
+    Case(
+        "avif-10bit-10000x10000.avif",
+        _heif_grid("av1-10", SQUARE),
+        "10-bit AV1 (libvips' libheif)",
+        route="alone",
+    ),
+    Case("gif-animated-10000x10000.gif", lambda: _animated_gif(SQUARE), "two frames; the first is rendered"),
+    Case(
+        "webp-animated-12500x8000.webp",
+        lambda: _animated_webp(WIDE),
+        "two frames; the first is rendered",
+        size=WIDE,
+    ),
+    Case(
+        "webp-12500x8000.webp",
+        lambda: bytes(_picture(WIDE).webpsave_buffer(Q=75, effort=0)),
+        "still: shrinks on load",
+        size=WIDE,
+    ),
+]
+
+
+def render_as_the_function(
+    path: str | Path, budget: slots.DecodeBudget = slots.DEFAULT, *, formats: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """render() of the file (read as a stream) as the process function runs it: in a shared slot of
+    `budget`, or, where its header says more than a slot holds, read again and rendered alone
+    (PhotoService's gate); its ladder in `formats` (VARIANT_FORMATS) where given. The route it ended
+    on (shared, alone: the share of the memory it had), and its size or its refusal's code (from its
+    header, or from its decoder)."""
+    defaults = RenderOptions() if formats is None else replace(RenderOptions(), variant_formats=formats)
+    options, route = defaults.sharing(budget), "shared"
+    while True:
+        with open(path, "rb") as stream:  # noqa: PTH123
+            try:
+                rendered = render(stream, options)
+            except RenderAlone:
+                options, route = options.alone(), "alone"
+                continue
+            except PhotoError as error:
+                return {"route": route, "code": str(error.code), "detail": error.detail}
+        return {
+            "route": route,
+            "code": None,
+            "size": [rendered.width, rendered.height],
+            "loader": rendered.loader,
+        }
+
+
+def decode_estimate(original: Readable, options: RenderOptions | None = None) -> int | None:
+    """What a render with `options` (the function's, by default) counts against its budget for the
+    file (its header's figure), or None where it is refused first: told that a slot holds nothing,
+    render() stops right after the header with it."""
+    nothing = replace(options or RenderOptions().sharing(slots.DEFAULT), shared_decode_buffer_bytes=-1)
+    try:
+        render(original, nothing)
+    except RenderAlone as alone:
+        return alone.needs
+    except PhotoError:
+        return None
+    raise AssertionError("render() went past a slot of -1 bytes")
+
+
+def write(folder: Path = FOLDER) -> list[Path]:
+    """Each case's file in `folder` (made if missing), in the order of CASES."""
+    return hostile.write(folder, CASES)
+
+
+if __name__ == "__main__":
+    hostile.main(sys.argv[1:], CASES, "devkit.fullsize")

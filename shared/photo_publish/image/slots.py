@@ -1,0 +1,103 @@
+"""What one render may hold: the function's memory, shared among the renders in flight (SPEC 3, amended).
+
+Bounded is not the same as small. The bound is the function's memory (Lambda's
+AWS_LAMBDA_FUNCTION_MEMORY_SIZE), less what the process holds of its own, shared among what runs at
+once:
+
+    available = memory - resident - HEAP_GROWTH
+    slot      = (available - (records - renders) x RECORD_RESERVE) / renders - RENDER_WORK
+    whole     =  available - (records - 1) x RECORD_RESERVE - RENDER_WORK
+
+`resident` is measured (the process's resident set when the service is built: the interpreter, libvips,
+boto3, the engine); `records` and `renders` are RECORD_CONCURRENCY and RENDER_CONCURRENCY. A render
+is admitted by what its header says its decoder will hold (pipeline._Header): within a slot it renders
+beside the others; over a slot but within the whole, it waits until no other render runs and renders
+alone (publish/service.py's gate); over the whole, nothing this function runs could hold it:
+DIMENSIONS_EXCEEDED. Every render also holds RENDER_WORK beyond its header's figure, so RENDER_CONCURRENCY
+slots, each with its work, the reserves and the resident set add up to the function's memory.
+
+Stdlib only: settings.py derives the budget with it, and the sweep never loads libvips.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MIB = 1 << 20
+# What glibc's heap keeps above the resident set measured at the cold start once renders have run
+# (the trim after each batch gives most of it back; docs/performance.md, Memory: 94 MB at the
+# cold start, 105-112 MB warm, peaks 135-147 MB).
+HEAP_GROWTH = 64 * MIB
+# What a record in flight holds while it does not render: its original's open stream, its encoded
+# variants until they are put (a 2048 browse and its thumb: about 1 MB), its rows.
+RECORD_RESERVE = 16 * MIB
+# What a render holds beyond its header's figure: libvips' buffers and threads, the browse in memory,
+# the encoders (benchmarks/fullsize.py measures it for every accepted format at 100 MP, and
+# benchmarks/hostile.py for the hostile corpus: at most 77 MB over the count, a float TIFF's).
+RENDER_WORK = 96 * MIB
+# The process function's resident set at its cold start, where it cannot be measured (no /proc) and
+# for a render outside the function (tests, benchmarks, the fuzzer): measured 93-94 MB here (x86_64,
+# the handler's imports and clients), with room for the Lambda runtime's own.
+NOMINAL_RESIDENT = 128 * MIB
+# Lambda's memory, in its MB (MiB), at the template's default (ProcessMemorySize: one full vCPU).
+TEMPLATE_MEMORY_MB = 1769
+
+
+class TooSmall(ValueError):
+    """The function's memory cannot hold its renders at once (settings.py names the variables)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBudget:
+    """What a render's decoder may hold beside the others (`slot`) and alone (`whole`), in bytes."""
+
+    slot: int
+    whole: int
+    memory: int
+    resident: int
+    records: int
+    renders: int
+
+    @classmethod
+    def of(
+        cls, *, memory_mb: int, records: int, renders: int, resident: int = NOMINAL_RESIDENT
+    ) -> DecodeBudget:
+        memory = memory_mb * MIB
+        renders = min(renders, records)  # no more renders at once than records in flight
+        available = memory - resident - HEAP_GROWTH
+        slot = (available - (records - renders) * RECORD_RESERVE) // renders - RENDER_WORK
+        whole = available - (records - 1) * RECORD_RESERVE - RENDER_WORK
+        if slot < 0:
+            least = -(
+                -(resident + HEAP_GROWTH + (records - renders) * RECORD_RESERVE + renders * RENDER_WORK)
+                // MIB
+            )
+            raise TooSmall(
+                f"{renders} renders at once beside {records - renders} records need at least {least} MB"
+            )
+        return cls(slot, whole, memory, resident, records, renders)
+
+    def describe(self) -> str:
+        """Where the two figures come from, for a refusal's detail and the cold start's log line."""
+        return (
+            f"{self.memory // MIB} MB of function memory, less {self.resident // MIB} MB resident, "
+            f"{HEAP_GROWTH // MIB} MB of heap growth and {RECORD_RESERVE // MIB} MB for each other record "
+            f"in flight ({self.records} at once, {self.renders} rendering); a render's own work "
+            f"{RENDER_WORK // MIB} MB"
+        )
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set (VmRSS), or None where the kernel does not say (no /proc)."""
+    try:
+        with open("/proc/self/status") as status:  # noqa: PTH123
+            text = status.read()
+    except OSError:
+        return None
+    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
+
+
+# What a render outside the function assumes: the template's memory, the default concurrency.
+DEFAULT = DecodeBudget.of(memory_mb=TEMPLATE_MEMORY_MB, records=4, renders=2)
