@@ -13,7 +13,7 @@
    between two containers sharing the host's network).
 2. **Image reuse.** With layers defined in the template, SAM builds its image (base + emulator +
    layers) again at every `sam local invoke`: 2.6 s of a 4.3 s invoke here with Docker's build
-   cache warm, 10.6 s with it cold (README, "Invoke time"). The built image is
+   cache warm, 10.6 s with it cold (docs/dev/local-aws.md, "Invoke time"). The built image is
    kept under a tag that is the digest of its inputs (the base image's id, the layers' files:
    names, sizes, modification times; the emulator; the architecture) and reused while they are
    unchanged; `sam build` rewriting a layer changes the digest.

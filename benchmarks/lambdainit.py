@@ -1,7 +1,7 @@
 """Issue 17: the process function's cold start as Lambda reports it, `Init Duration` under
 `sam local invoke`.
 
-The setup of `make test-aws-local` (SPEC 15, README "On the host's network, offline"): the built
+The setup of `make test-aws-local` (SPEC 15, docs/dev/local-aws.md "On the host's network, offline"): the built
 template (`make build`, run here when .aws-sam/build is missing or older than the code), the
 python3.12 Lambda base image (AWS's, or the stand-in awslocal/image.py builds), SAM's runtime
 interface emulator in the function's container on the host's network (awslocal.sam). Without a

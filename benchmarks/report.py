@@ -15,7 +15,7 @@ from .local/bench-results/heic.json (benchmarks.heic) when there. It prints the 
 costs least per photo, the one the template should default to, and from delivery.json
 (benchmarks.delivery) what a photo costs when the whole invocation is billed.
 
-Plots (part 7), PNG, written to docs/benchmarks/ (where the README shows them), from .local/bench-results/compare.json (benchmarks.compare) and memory.json
+Plots (part 7), PNG, written to docs/benchmarks/ (where docs/performance.md shows them), from .local/bench-results/compare.json (benchmarks.compare) and memory.json
 (benchmarks.memory), whichever exist: compare.png (render time, peak memory and SSIM per photo and
 peer) and memory.png (RSS over BENCH_RENDERS renders per allocator setting).
 
@@ -44,7 +44,7 @@ from devkit.stack import ROOT
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 RESULTS = ROOT / ".local" / "bench-results"
-# The README shows these: each full run replaces them, to be committed with its figures.
+# docs/performance.md shows these: each full run replaces them, to be committed with its figures.
 PLOTS = ROOT / "docs" / "benchmarks"
 PRICE_GB_S = {"arm64": 0.0000133334, "x86_64": 0.0000166667}
 PRICE_REQUEST = 0.20 / 1_000_000

@@ -481,7 +481,7 @@ def test_the_bus_of_the_outbox_keeps_an_archive_for_replays(deployed: Deployed) 
         if r["LogicalResourceId"] == "EventArchive"
     ]
     if "not supported" in resource.get("ResourceStatusReason", ""):
-        # LocalStack 2026.3 deploys AWS::Events::Archive as a placeholder (README: its limits); the
+        # LocalStack 2026.3 deploys AWS::Events::Archive as a placeholder (docs/dev/local-aws.md: its limits); the
         # day it makes one, the check below runs instead.
         assert events.list_archives()["Archives"] == []
     else:
@@ -604,7 +604,7 @@ def test_an_upload_into_the_existing_bucket_is_published_through_eventbridge(
     deployed = deployed_on_existing_bucket
     disable_event_source(deployed.ref_of("ProcessFunction"))
     queue_url = deployed.ref_of("ProcessQueue")
-    # GIVEN the bucket's EventBridge notifications turned on, as the README tells its owner
+    # GIVEN the bucket's EventBridge notifications turned on, as docs/deploying.md tells its owner
     s3 = client("s3")
     s3.put_bucket_notification_configuration(
         Bucket=EXISTING_BUCKET, NotificationConfiguration={"EventBridgeConfiguration": {}}

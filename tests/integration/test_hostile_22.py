@@ -125,8 +125,8 @@ def test_a_deleted_photo_that_was_rerendered_leaves_no_retired_variant_rows(
 ) -> None:
     """SPEC 17: 'its rows ... go'. A photo re-rendered by a backfill has retired_variants rows (the
     old version's keys, photo_id); deletion leaves them (no FK, not in machine.delete) until the
-    grace period, VARIANT_GRACE_SECONDS = 7 days, and they are not among the README's 'what
-    outlives a deletion'."""
+    grace period, VARIANT_GRACE_SECONDS = 7 days, and they are not among docs/integrating.md's
+    'what outlives a deletion'."""
     shot = dev_uploads.upload(
         db, infra.s3, BUCKET, STAGE, file_name="Garden.jpg", data=(samples.IMAGES / "Garden.jpg").read_bytes()
     )

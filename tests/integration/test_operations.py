@@ -26,6 +26,7 @@ from photo_publish import operator
 from photo_publish.errors import ErrorCode
 from photo_publish.publish.outcomes import Outcome
 from tests.integration.test_template import ROOT, Stack
+from tests.markdown import slug
 
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 COST = ROOT / "docs" / "cost.md"
@@ -276,11 +277,6 @@ def test_the_dashboard_marks_the_alarms_thresholds_and_lists_every_alarm() -> No
 
 
 # --- runbooks -------------------------------------------------------------------------------------
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def runbook_sections() -> dict[str, str]:

@@ -134,11 +134,11 @@ def test_the_migrate_functions_own_packages_agree_with_the_layer() -> None:
     assert bundled["alembic"] == version("alembic") and bundled["mako"] == version("mako")
 
 
-def test_the_readme_documents_every_new_parameter() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_deploying_guide_documents_every_new_parameter() -> None:
+    guide = (ROOT / "docs" / "deploying.md").read_text()
     for parameter in ("DbSchema", "DbRuntimeSecretArn", "MigrateAtDeploy"):
-        assert f"`{parameter}`" in readme, parameter
-    assert "aws lambda invoke" in readme
+        assert f"`{parameter}`" in guide, parameter
+    assert "aws lambda invoke" in guide
 
 
 def test_the_other_functions_requirements_still_bundle_nothing() -> None:

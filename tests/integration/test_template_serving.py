@@ -107,7 +107,7 @@ def test_the_distribution_reads_the_bucket_through_origin_access_control_signed_
         "always",
         "sigv4",
     )
-    # an existing bucket is the origin by its name (its owner adds the statement: README)
+    # an existing bucket is the origin by its name (its owner adds the statement: docs/integrating.md)
     existing = Stack(ExistingBucketName="their-photos")
     (origin,) = distribution(existing)["Origins"]
     assert origin["DomainName"] == "their-photos.s3.eu-west-1.amazonaws.com"

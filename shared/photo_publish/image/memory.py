@@ -4,7 +4,7 @@ glibc keeps what libvips frees in its arenas' free lists; over hundreds of photo
 creeps (+11.9% from photo 100 to photo 1,000 with MALLOC_ARENA_MAX=2). malloc_trim(0) returns every
 free page of every arena, at the price of page faults on the next photo: after each photo it made
 the renders 9% slower, so the process function trims once per invocation, after its whole batch
-(README, Benchmark, Memory).
+(docs/performance.md, Memory).
 """
 
 from __future__ import annotations

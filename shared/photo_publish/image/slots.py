@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 # What glibc's heap keeps above the resident set measured at the cold start once renders have run
-# (the trim after each batch gives most of it back; README, Benchmark, Memory: 94 MB at the cold
-# start, 105-112 MB warm, peaks 135-147 MB).
+# (the trim after each batch gives most of it back; docs/performance.md, Memory: 94 MB at the
+# cold start, 105-112 MB warm, peaks 135-147 MB).
 HEAP_GROWTH = 64 * MIB
 # What a record in flight holds while it does not render: its original's open stream, its encoded
 # variants until they are put (a 2048 browse and its thumb: about 1 MB), its rows.

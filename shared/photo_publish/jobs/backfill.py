@@ -19,7 +19,7 @@ from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.jobs import machine
 from photo_publish.settings import STALE_AFTER_SECONDS
 
-# What a photo costs to re-render, from `make bench` on this project's corpus (README, Benchmarks):
+# What a photo costs to re-render, from `make bench` on this project's corpus (docs/performance.md):
 # 0.58 s of one vCPU at 1769 MB, and Lambda's arm64 price per GB-second.
 RENDER_SECONDS_PER_PHOTO = 0.58
 FUNCTION_GB = 1769 / 1024

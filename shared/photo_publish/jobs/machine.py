@@ -3,7 +3,7 @@
 Each transition is one conditional statement: its WHERE clause is the precondition (the job's
 status, and for a worker's transitions the attempt it claimed: its fencing token), and a transition
 that moves a job to another status sets every column of STATE, so that no column outlives the state
-that set it. `TRANSITIONS` declares each one (the README's table is tested against it), and each
+that set it. `TRANSITIONS` declares each one (docs/operating.md's table is tested against it), and each
 statement is checked against its declaration when it is built. The tables' CHECK constraints
 (migration 0008) refuse the combinations no state allows. The caller owns the transaction.
 """
