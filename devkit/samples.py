@@ -116,6 +116,7 @@ def heic(
     companions: int = 0,
     quality: int = 90,
     exif: bytes | None = None,
+    chroma: int = 420,
 ) -> bytes:
     """An HEVC-coded HEIF as a phone writes one, made with pillow-heif (a test-only dependency).
 
@@ -125,6 +126,7 @@ def heic(
       its ICC profile embedded;
     - `bits`: 8, or 10 or 12 (HDR captures, many Android phones);
     - `tile_size`: coded as a grid of tiles that size (iPhones: 512), or 0 for one coded picture;
+    - `chroma`: its chroma subsampling (phones: 420; 422 and 444 as editors export);
     - `companions`: that many more images in the file (burst frames, a spatial photo's other eye):
       the photograph's negative at half size, so that a wrong pick shows; the first is stored
       before the photograph, which stays the primary image.
@@ -163,6 +165,7 @@ def heic(
         exif=exif,
         icc_profile=picture.get("icc-profile-data") if profile is not None else None,
         tile_size=tile_size,
+        chroma=chroma,
         enc_params={"preset": "ultrafast"},  # 1 s for 4 MP, against 6 s at x265's default preset
         **({"bit_depth": bits} if bits > 8 else {}),
     )

@@ -122,3 +122,16 @@ def webp_first_frame(data: bytes | bytearray) -> tuple[int, int, int, int] | Non
                 return 2 * x, 2 * y, width + 1, height + 1
             at += 8 + size + (size & 1)
     return None
+
+
+def webp_chunks(data: bytes | bytearray) -> frozenset[bytes]:
+    """The kinds of a WebP's top-level chunks (VP8, VP8L, ALPH, ANMF...), or none if not a WebP."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return frozenset()
+    kinds, at = set(), 12
+    with suppress(IndexError, struct.error):
+        while at + 8 <= len(data):
+            kind, size = bytes(data[at : at + 4]), struct.unpack_from("<I", data, at + 4)[0]
+            kinds.add(kind)
+            at += 8 + size + (size & 1)
+    return frozenset(kinds)

@@ -179,6 +179,29 @@ def check_canvas(data: bytes | bytearray) -> None:
                 )
 
 
+def chroma_samples(data: bytes | bytearray) -> float:
+    """Samples a pixel holds in the fullest coded picture of the file, from its decoder
+    configuration (`hvcC`'s chroma_format_idc, `av1C`'s monochrome and subsampling flags): 1 for
+    monochrome, 1.5 for 4:2:0 (as phones code them), 2 for 4:2:2, 3 for 4:4:4; 3 where none can be
+    read, the most it can be. Every coded picture counts (a grid's tiles, a thumbnail, a gain map):
+    the decoder's memory is the fullest one's."""
+    most = 0.0
+    with suppress(KeyError, IndexError, struct.error):
+        iprp = _children(data, *(_meta(data) or {})[b"iprp"])
+        for kind, start, end in walk_boxes(data, *iprp[b"ipco"]):
+            if kind == b"hvcC" and end - start > 16:
+                most = max(most, _HEVC_SAMPLES[data[start + 16] & 3])
+            elif kind == b"av1C" and end - start > 2:
+                flags = data[start + 2]
+                across, down = bool(flags & 0x08), bool(flags & 0x04)
+                most = max(most, 1.0 if flags & 0x10 else 1 + 2 / ((1 + across) * (1 + down)))
+    return most or 3.0
+
+
+# hvcC's chroma_format_idc: monochrome, 4:2:0, 4:2:2, 4:4:4.
+_HEVC_SAMPLES = (1.0, 1.5, 2.0, 3.0)
+
+
 def walk_boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
     """(type, payload start, payload end) of the boxes in data[start:end]; stops at a broken one."""
     while start + 8 <= end:

@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import pyvips
 
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash
+from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash, tiff
 from photo_publish.keys import VariantKind, ladder_kind
 from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Placeholder
 from photo_publish.settings import AVIF_EFFORT, AVIF_QUALITY
@@ -345,10 +345,11 @@ class _Header:
             decoder = pixels * (bands * sample_bytes + palette)
         elif loader == "gifload_source":
             decoder = 4 * pixels  # its frame, composed on its whole canvas in RGBA
-        elif loader == "webpload_source":
-            # A still one shrinks on load; an animation as _webp_canvas says.
-            decoder = _webp_canvas(width, height, held) if _has(image, "delay") else 0
+        elif loader == "webpload_source" and _has(image, "delay"):
+            decoder = _webp_canvas(width, height, held)  # an animation
             shrinks_on_load = decoder == 0
+        elif loader == "webpload_source":
+            decoder, shrinks_on_load = _webp_still(pixels, held), True
         elif loader == _HEIF:
             hevc = (
                 _has(image, heic.COMPRESSION_FIELD) and image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
@@ -361,8 +362,14 @@ class _Header:
             # they are the rows its shrink holds, where they are more.
             tiles = 4 * width * min(int(image.get("tile-height")), height) * bands * sample_bytes
             rows = max(rows, tiles)
+        elif loader == "tiffload_source":
+            # A strip read whole is held twice, decoded and copied (measured: 655 MB for a 300 MB
+            # strip, a 100 MP JPEG-coded YCbCr file written as one strip).
+            strip = 2 * width * tiff.rows_read_at_once(held, height) * bands * sample_bytes
+            rows = max(rows, strip)
         held_whole = len(held) if loader in _WHOLE_FILE else 0
-        return cls(width, height, bands, sample_bytes, decoder + rows + held_whole)
+        alpha = _ALPHA_WORK if image.hasalpha() else 0  # (a CMYK JPEG's fourth band is none)
+        return cls(width, height, bands, sample_bytes, decoder + rows + held_whole + alpha)
 
     @classmethod
     def heif(
@@ -378,9 +385,13 @@ class _Header:
     ) -> _Header:
         """A HEIF, decoded whole by libheif (libvips' for AVIF, pi-heif's for HEVC, which copies the
         file it is given), then shrunk by libvips."""
-        decoder = int(width * height * _heif_pixel_bytes(bands, sample_bytes, out_sample_bytes))
+        chroma = heic.chroma_samples(data)
+        decoder = int(
+            width * height * _heif_pixel_bytes(bands, sample_bytes, out_sample_bytes, chroma=chroma)
+        )
         held = len(data) * (2 if hevc else 1)
-        return cls(width, height, bands, sample_bytes, decoder + _shrink_rows(width, bands) + held)
+        alpha = _ALPHA_WORK if bands in (2, 4) else 0
+        return cls(width, height, bands, sample_bytes, decoder + _shrink_rows(width, bands) + held + alpha)
 
     def check(self, options: RenderOptions) -> None:
         """Refuse a picture over any limit, from what its header declares (DIMENSIONS_EXCEEDED), or
@@ -407,6 +418,10 @@ class _Header:
             raise RenderAlone(self.buffer_bytes, shared)
 
 
+# What a picture with alpha holds more in its render: its browse premultiplied, in float, up to
+# 2048 x 2048 x 4 bands x 4 bytes (measured: a 2048 x 2048 lossy WebP with alpha held 131 MB over a
+# count of 4, where an RGB picture's render holds at most 77).
+_ALPHA_WORK = 64 << 20
 # Rows libvips holds while it shrinks a picture its loader could not shrink, in float samples (the
 # colour conversion and an alpha's premultiplication work in float): measured up to 860 of them
 # (a 16-bit Display P3 PNG 32768 wide: 337 MB over the imports) and 1,370 of a float TIFF's.
@@ -473,12 +488,27 @@ def _webp_canvas(width: int, height: int, data: bytes | bytearray) -> int:
     return 4 * width * height + 4 * min(area, width * height)
 
 
-def _heif_pixel_bytes(bands: int, sample_bytes: int, out_sample_bytes: int | None = None) -> float:
-    """What libheif holds a pixel of a HEIF in: its coded planes (4:2:0, as phones code them, 1.5
-    samples a pixel, and an alpha plane) and the interleaved RGB(A) it converts them to, 8-bit or
-    16-bit."""
-    planes = 1.5 + (bands in (2, 4))
-    return planes * sample_bytes + bands * (out_sample_bytes or sample_bytes)
+def _webp_still(pixels: int, data: bytes | bytearray) -> int:
+    """What libwebp holds of a still WebP it shrinks on load: a lossless one (VP8L) decoded whole
+    in ARGB first (measured at 100 MP: 424 MB), a lossy one's alpha plane (ALPH) whole beside its
+    rows (123 MB), else its rows only."""
+    chunks = frames.webp_chunks(data)
+    if b"VP8L" in chunks:
+        return 4 * pixels
+    return pixels if b"ALPH" in chunks else 0
+
+
+def _heif_pixel_bytes(
+    bands: int, sample_bytes: int, out_sample_bytes: int | None = None, *, chroma: float = 1.5
+) -> float:
+    """What libheif holds a pixel of a HEIF in: its coded planes (`chroma` samples a pixel, as
+    heic.chroma_samples reads them, and an alpha plane) and the interleaved RGB(A) it converts them
+    to, 8-bit or 16-bit. Only 4:2:0 and monochrome convert straight to interleaved RGB; 4:2:2 and
+    4:4:4 go through a planar RGB(A) of the whole picture first (measured at 100 MP: 8-bit 4:2:0
+    held 480-498 MB, 4:2:2 822 MB, 4:4:4 912-946 MB; 10-bit 4:4:4 1771-1863 MB)."""
+    planes = (chroma + (bands in (2, 4))) * sample_bytes
+    planar_rgb = bands * sample_bytes if chroma > 1.5 else 0
+    return planes + planar_rgb + bands * (out_sample_bytes or sample_bytes)
 
 
 def _has(image: pyvips.Image, field: str) -> bool:

@@ -1,0 +1,112 @@
+"""What a file's own bytes say about how its decoder lays the picture out in memory: a HEIF's chroma
+subsampling, a strip TIFF's rows read at once, a still WebP's chunks. The render's count of what a
+decoder holds (pipeline._Header) reads them; tests/unit/test_fullsize.py measures that count against
+real peaks at 100 MP. Each file here is made by a real encoder.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import pyvips
+from PIL import Image
+
+from devkit import samples
+from photo_publish.image import frames, heic, tiff
+
+
+def _tile() -> pyvips.Image:
+    return samples.photograph().crop(0, 0, 256, 256)
+
+
+@pytest.mark.parametrize(("chroma", "samples_a_pixel"), [(420, 1.5), (422, 2.0), (444, 3.0)])
+def test_a_heics_chroma_subsampling_is_read_from_its_hevc_configuration(
+    chroma: int, samples_a_pixel: float
+) -> None:
+    # GIVEN an HEVC-coded HEIF made by x265 at that subsampling
+    data = samples.heic(_tile(), tile_size=0, chroma=chroma)
+
+    # WHEN its samples a pixel are read (no pixel decoded) THEN they are the subsampling's
+    assert heic.chroma_samples(data) == samples_a_pixel
+
+
+@pytest.mark.parametrize(("subsampled", "samples_a_pixel"), [(True, 1.5), (False, 3.0)])
+def test_an_avifs_chroma_subsampling_is_read_from_its_av1_configuration(
+    subsampled: bool, samples_a_pixel: float
+) -> None:
+    # GIVEN an AV1-coded HEIF made by libvips (aom), subsampled or not
+    mode = "on" if subsampled else "off"
+    data = bytes(_tile().heifsave_buffer(compression="av1", Q=50, effort=0, subsample_mode=mode))
+
+    # THEN its samples a pixel are read from its av1C box
+    assert heic.chroma_samples(data) == samples_a_pixel
+
+
+def test_a_heif_whose_configuration_cannot_be_read_counts_as_the_fullest() -> None:
+    # GIVEN a HEIF cut short before its properties, and bytes that are no HEIF at all
+    whole = samples.heic(_tile(), tile_size=0)
+    cut = whole[: whole.index(b"iprp") + 12]
+
+    # THEN each counts 3 samples a pixel (4:4:4), the most a decoder could hold
+    assert heic.chroma_samples(cut) == 3.0
+    assert heic.chroma_samples(b"\x00" * 64) == 3.0
+
+
+def _pillow_tiff(mode: str, **options: object) -> bytes:
+    picture = Image.frombytes(
+        "RGB", (300, 200), _tile().resize(300 / 256, vscale=200 / 256).write_to_memory()
+    )
+    out = io.BytesIO()
+    picture.convert(mode).save(out, "TIFF", **options)
+    return out.getvalue()
+
+
+def test_a_one_strip_ycbcr_jpeg_tiff_is_read_whole() -> None:
+    # GIVEN a JPEG-coded YCbCr TIFF written as one strip (Pillow, as scanners write them)
+    data = _pillow_tiff("YCbCr", compression="jpeg", strip_size=2**40)
+
+    # THEN libvips reads the whole strip at once: every row
+    assert tiff.rows_read_at_once(data, 200) == 200
+
+
+def test_a_one_strip_rgb_tiff_is_read_a_scanline_at_a_time() -> None:
+    # GIVEN the same picture as RGB in one strip of more than 128 rows
+    data = _pillow_tiff("RGB", compression="jpeg", strip_size=2**40)
+
+    # THEN libvips reads it a scanline at a time
+    assert tiff.rows_read_at_once(data, 200) == 1
+
+
+@pytest.mark.parametrize("bigtiff", [False, True])
+def test_small_strips_are_read_a_strip_at_a_time_in_tiff_and_bigtiff(bigtiff: bool) -> None:
+    # GIVEN libvips' own strip TIFF (strips of a few rows), classic or BigTIFF
+    data = bytes(_tile().tiffsave_buffer(bigtiff=bigtiff))
+    rows = Image.open(io.BytesIO(data)).tag_v2[278]
+
+    # THEN a strip's rows are read at once
+    assert rows <= 128
+    assert tiff.rows_read_at_once(data, 256) == rows
+
+
+def test_a_tiff_whose_tags_cannot_be_read_counts_every_row() -> None:
+    data = _pillow_tiff("RGB")
+    assert tiff.rows_read_at_once(data[:12], 200) == 200
+    assert tiff.rows_read_at_once(b"II+\x00" + b"\xff" * 12, 200) == 200
+
+
+@pytest.mark.parametrize(
+    ("options", "alpha"), [({"Q": 75}, False), ({"lossless": True}, False), ({"Q": 75}, True)]
+)
+def test_a_still_webps_chunks_say_lossless_and_alpha(options: dict[str, object], alpha: bool) -> None:
+    # GIVEN a still WebP made by libwebp: lossy, lossless, or lossy with an alpha
+    picture = _tile()
+    if alpha:
+        picture = picture.bandjoin(picture.extract_band(1))
+    chunks = frames.webp_chunks(bytes(picture.webpsave_buffer(**options)))
+
+    # THEN its chunks say which: VP8L for lossless, ALPH beside VP8 for an alpha
+    assert (b"VP8L" in chunks, b"ALPH" in chunks) == (bool(options.get("lossless")), alpha)
+    assert (b"VP8 " in chunks) != (b"VP8L" in chunks)
+    # AND what is no WebP has none
+    assert frames.webp_chunks(b"RIFF\x00\x00\x00\x00WAVE") == frozenset()
