@@ -15,8 +15,8 @@ function lets run side by side (the two shared cases of the largest estimates) r
 process, a thread each.
 
 Verdicts: each case publishes at its size, by the route its case expects; what it held over its floor is within its estimate and a
-render's work (the estimate is honest: slots.RENDER_WORK is all the render holds beyond it), and
-within its allowance (its slot or the whole, and the work); the pair at once within two slots, two
+render's work (the estimate is honest: the budget's work, slots.RENDER_WORK and AVIF_WORK with AVIF,
+is all the render holds beyond it), and within its allowance (its slot or the whole, and the work); the pair at once within two slots, two
 renders' work and the heap's growth (image/slots.py: what the function's memory is shared into).
 Results go to .local/bench-results/fullsize.json.
 """
@@ -50,7 +50,7 @@ def make_corpus() -> None:
 
 
 def allowance(route: str, budget: slots.DecodeBudget = slots.DEFAULT) -> int:
-    return {"shared": budget.slot, "alone": budget.whole}.get(route, 0) + slots.RENDER_WORK
+    return {"shared": budget.slot, "alone": budget.whole}.get(route, 0) + budget.work
 
 
 def main() -> None:
@@ -59,13 +59,24 @@ def main() -> None:
     rows = []
     for case in fullsize.CASES:
         path = fullsize.FOLDER / case.name
+        formats = ",".join(case.formats)
         result = child.capped(
-            "photo-publish", path, "--stream", "--as-function", cap_bytes=CAP_BYTES, timeout=TIMEOUT
+            "photo-publish",
+            path,
+            "--stream",
+            "--as-function",
+            "--formats",
+            formats,
+            cap_bytes=CAP_BYTES,
+            timeout=TIMEOUT,
         )
+        case_budget = budget.encoding(case.formats)
         held = (result["peak_mb"] - result["floor_mb"]) * MB
         estimate = result.get("decode_bytes") or 0
         route = str(result.get("route", "-"))
         published = result.get("code") is None and tuple(result.get("size", ())) == case.size
+        if case.route == "refused":
+            route, published = "refused", result.get("code") == "DIMENSIONS_EXCEEDED"
         rows.append(
             {
                 "case": case.name,
@@ -73,25 +84,27 @@ def main() -> None:
                 "route": route if published else str(result.get("code")),
                 "estimate_mb": estimate / MB,
                 "held_mb": held / MB,
-                "allowance_mb": allowance(route) / MB,
+                "allowance_mb": allowance(route, case_budget) / MB,
                 "seconds": result["seconds"],
-                "honest": held <= estimate + slots.RENDER_WORK,
+                "honest": route == "refused" or held <= estimate + case_budget.work,
                 "ok": published
                 and route == case.route
-                and held <= estimate + slots.RENDER_WORK
-                and held <= allowance(route),
+                and (route == "refused" or held <= estimate + case_budget.work)
+                and held <= allowance(route, case_budget),
                 "note": case.note,
             }
         )
 
-    shared = sorted((row for row in rows if row["route"] == "shared"), key=lambda row: -row["estimate_mb"])[
-        :2
-    ]
+    webp_only = {case.name for case in fullsize.CASES if case.formats == ("webp",)}
+    shared = sorted(
+        (row for row in rows if row["route"] == "shared" and row["case"] in webp_only),
+        key=lambda row: -row["estimate_mb"],
+    )[:2]
     pair = child.capped(
         "at-once", *(fullsize.FOLDER / row["case"] for row in shared), cap_bytes=CAP_BYTES, timeout=TIMEOUT
     )
     pair_held = (pair["peak_mb"] - pair["floor_mb"]) * MB
-    pair_allowed = 2 * (budget.slot + slots.RENDER_WORK) + slots.HEAP_GROWTH
+    pair_allowed = 2 * (budget.slot + budget.work) + slots.HEAP_GROWTH
     pair_ok = all(r.get("code") is None for r in pair.get("results", [None])) and pair_held <= pair_allowed
 
     print(

@@ -18,7 +18,7 @@ AVIF's encoder is the costliest configuration the bounds must hold for.
 
 Verdict: every input refused with a code or rendered, none crashed or timed out, each at the
 outcome its case expects, under 10 s, and what it held over its floor within what its header was
-counted at and a render's work (slots.RENDER_WORK: the count is honest) and within its share of the
+counted at and a render's work (the budget's: the count is honest) and within its share of the
 function's memory (image/slots.py): a shared slot and the work if it rendered beside the others,
 the whole and the work if alone; so that renders at once, with their neighbours, stay within the
 function's memory. Results go to .local/bench-results/hostile.json.
@@ -78,11 +78,14 @@ def outcome(result: dict[str, Any]) -> str:
     return "rendered" if result.get("code") is None else str(result["code"])
 
 
-def allowance_mb(route: str, budget: slots.DecodeBudget = slots.DEFAULT) -> float:
+BUDGET = slots.DEFAULT.encoding(tuple(FORMATS.split(",")))
+
+
+def allowance_mb(route: str, budget: slots.DecodeBudget = BUDGET) -> float:
     """What a render of that route may hold over its process's floor, in MB: its slot (or the whole)
     and a render's own work."""
     held = {"shared": budget.slot, "alone": budget.whole}.get(route, 0)
-    return (held + slots.RENDER_WORK) / MB
+    return (held + budget.work) / MB
 
 
 def main() -> None:
@@ -97,7 +100,7 @@ def main() -> None:
         ok = (
             got == case.expect
             and held <= allowance_mb(route)
-            and (result.get("decode_bytes") is None or held <= counted + slots.RENDER_WORK / MB)
+            and (result.get("decode_bytes") is None or held <= counted + BUDGET.work / MB)
             and result["seconds"] < SECONDS
             and (got == "rendered" or got.isupper())
         )
@@ -108,7 +111,7 @@ def main() -> None:
             | {"note": case.note}
         )
 
-    limits, budget = RenderOptions(), slots.DEFAULT
+    limits, budget = RenderOptions(), BUDGET
     print(
         f"{len(rows)} hostile inputs, each rendered in a fresh process as the process function would at "
         f"{budget.memory // MB} MB; the default limits: {limits.max_input_pixels:,} pixels, "

@@ -117,14 +117,59 @@ def _tile(kind: str) -> hostile.CodedPicture:
     return hostile.coded_picture(bytes(coded))
 
 
+def _heif_444(kind: str, bits: int, size: tuple[int, int] = SQUARE) -> Callable[[], bytes]:
+    """A grid whose tiles are coded without chroma subsampling (4:4:4, 4:2:2 for "hevc-422"), as
+    cameras' and editors' high-quality exports are: libheif converts them through a planar RGB of the
+    whole picture."""
+
+    def make() -> bytes:
+        if kind == "av1":
+            crop = _picture(SQUARE).crop(0, 0, 2048, 2048).copy_memory()
+            if bits > 8:
+                crop = (crop.cast("ushort") * 257).cast("ushort").copy(interpretation="rgb16")
+            coded = crop.heifsave_buffer(
+                compression="av1", Q=50, effort=0, bitdepth=bits, subsample_mode="off"
+            )
+            tile, brand = hostile.coded_picture(bytes(coded)), b"avif"
+        else:
+            crop = samples.photograph().crop(0, 0, 512, 512)
+            chroma = 422 if kind == "hevc-422" else 444
+            tile = hostile.coded_picture(samples.heic(crop, tile_size=0, bits=bits, chroma=chroma))
+            brand = b"heic"
+        across, down = -(-size[0] // tile.size[0]), -(-size[1] // tile.size[1])
+        return hostile.heif(
+            hostile.Grid(tile, across, down, size), thumbnail=tile, metadata_items=2, brand=brand
+        )
+
+    return make
+
+
+def _one_strip_ycbcr_tiff(size: tuple[int, int]) -> bytes:
+    """JPEG-coded YCbCr in a single strip, as Pillow and scanners write TIFFs: read a strip at a time."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None
+    picture = Image.frombytes("RGB", size, _picture(size).copy_memory().write_to_memory())
+    out = io.BytesIO()
+    picture.convert("YCbCr").save(out, "TIFF", compression="jpeg", quality=85, strip_size=2**40)
+    return out.getvalue()
+
+
+def _with_alpha(image: pyvips.Image) -> pyvips.Image:
+    """A cut-out: the picture with an alpha of its bright parts, as a sticker or a product shot."""
+    return image.bandjoin((image.extract_band(1) > 60).ifthenelse(255, 0).cast("uchar"))
+
+
 @dataclass(frozen=True)
 class Case:
     name: str  # also the file's name
     make: Callable[[], bytes]
     note: str
     size: tuple[int, int] = SQUARE
-    # How the process function renders it at the template's memory: in a shared slot, or alone.
+    # How the process function renders it at the template's memory: in a shared slot, alone, or
+    # refused (DIMENSIONS_EXCEEDED: more than the whole of its memory could hold).
     route: str = "shared"
+    formats: tuple[str, ...] = ("webp",)  # VARIANT_FORMATS it is rendered with
 
 
 CASES = [
@@ -186,6 +231,57 @@ CASES = [
         "still: shrinks on load",
         size=WIDE,
     ),
+    Case("heic-444-10000x10000.heic", _heif_444("hevc", 8), "8-bit HEVC 4:4:4", route="alone"),
+    Case("heic-422-10000x10000.heic", _heif_444("hevc-422", 8), "8-bit HEVC 4:2:2", route="alone"),
+    Case("avif-444-10000x10000.avif", _heif_444("av1", 8), "8-bit AV1 4:4:4", route="alone"),
+    Case(
+        "avif-444-10bit-10000x10000.avif",
+        _heif_444("av1", 10),
+        "10-bit AV1 4:4:4: 1.8 GB decoded, more than 1769 MB hold",
+        route="refused",
+    ),
+    Case(
+        "heic-444-10bit-10000x10000.heic",
+        _heif_444("hevc", 10),
+        "10-bit HEVC 4:4:4: as the AV1 one",
+        route="refused",
+    ),
+    Case(
+        "tiff-one-strip-ycbcr-10000x10000.tif",
+        lambda: _one_strip_ycbcr_tiff(SQUARE),
+        "JPEG-coded YCbCr in one strip: read whole",
+    ),
+    Case(
+        "webp-lossless-12500x8000.webp",
+        lambda: bytes(_picture(WIDE).webpsave_buffer(lossless=True, effort=0)),
+        "lossless: decoded whole before its shrink",
+        size=WIDE,
+    ),
+    Case(
+        "webp-alpha-12500x8000.webp",
+        lambda: bytes(_with_alpha(_picture(WIDE)).webpsave_buffer(Q=75, effort=0)),
+        "lossy with alpha: its alpha plane whole",
+        size=WIDE,
+    ),
+    Case(
+        "webp-alpha-2048x2048-avif.webp",
+        lambda: bytes(_with_alpha(_picture((2048, 2048))).webpsave_buffer(Q=75)),
+        "the browse's own size with alpha, its ladder in AVIF too: the most a render's work holds",
+        size=(2048, 2048),
+        formats=("webp", "avif"),
+    ),
+    Case(
+        "png-16bit-alpha-2048x2048-avif.png",
+        lambda: bytes(
+            (_with_alpha(_picture((2048, 2048))).cast("ushort") * 257)
+            .cast("ushort")
+            .copy(interpretation="rgb16")
+            .pngsave_buffer(compression=1)
+        ),
+        "16-bit RGBA at the browse's size, AVIF too",
+        size=(2048, 2048),
+        formats=("webp", "avif"),
+    ),
 ]
 
 
@@ -198,6 +294,7 @@ def render_as_the_function(
     on (shared, alone: the share of the memory it had), and its size or its refusal's code (from its
     header, or from its decoder)."""
     defaults = RenderOptions() if formats is None else replace(RenderOptions(), variant_formats=formats)
+    budget = budget.encoding(defaults.variant_formats)  # AVIF's encoder holds more (slots.AVIF_WORK)
     options, route = defaults.sharing(budget), "shared"
     while True:
         with open(path, "rb") as stream:  # noqa: PTH123

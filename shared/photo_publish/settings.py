@@ -252,7 +252,13 @@ class Settings:
             self.render_concurrency,
         )
         try:
-            return DecodeBudget.of(memory_mb=memory, records=records, renders=renders, resident=resident)
+            return DecodeBudget.of(
+                memory_mb=memory,
+                records=records,
+                renders=renders,
+                resident=resident,
+                formats=self.variant_formats,
+            )
         except TooSmall as error:
             raise InvalidSettings(
                 f"AWS_LAMBDA_FUNCTION_MEMORY_SIZE ({memory}) is too small for RECORD_CONCURRENCY "

@@ -8,7 +8,7 @@ import pytest
 
 from photo_publish.image import slots
 from photo_publish.image.pipeline import RenderOptions
-from photo_publish.image.slots import HEAP_GROWTH, MIB, RECORD_RESERVE, RENDER_WORK, DecodeBudget
+from photo_publish.image.slots import AVIF_WORK, HEAP_GROWTH, MIB, RECORD_RESERVE, RENDER_WORK, DecodeBudget
 from photo_publish.settings import InvalidSettings, Settings
 
 REQUIRED = {"DATABASE_URL": "postgresql://u@h/db", "PHOTO_BUCKET": "bucket", "STAGE": "dev"}
@@ -59,11 +59,17 @@ def test_no_more_renders_share_the_memory_than_records_are_in_flight() -> None:
     assert budget.slot == DecodeBudget.of(memory_mb=1769, records=2, renders=2, resident=RESIDENT).slot
 
 
-def test_a_memory_too_small_for_its_renders_at_once_is_a_configuration_error() -> None:
-    # GIVEN 512 MB (the template's least) and ten renders at once: not even their work fits
+def test_a_memory_too_small_for_one_render_is_a_configuration_error() -> None:
+    # GIVEN 512 MB (the template's least), ten records in flight and the ladder in AVIF too: not even
+    # one render's work fits beside the other records' reserves
     settings = Settings.from_env(
         REQUIRED
-        | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512", "RECORD_CONCURRENCY": "10", "RENDER_CONCURRENCY": "10"}
+        | {
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
+            "RECORD_CONCURRENCY": "10",
+            "RENDER_CONCURRENCY": "10",
+            "VARIANT_FORMATS": "webp,avif",
+        }
     )
 
     # WHEN the process function asks what a render may hold
@@ -74,9 +80,30 @@ def test_a_memory_too_small_for_its_renders_at_once_is_a_configuration_error() -
     message = str(raised.value)
     assert "AWS_LAMBDA_FUNCTION_MEMORY_SIZE (512)" in message
     assert "RENDER_CONCURRENCY (10)" in message
-    assert "need at least 1152 MB" in message
+    assert "one render beside 9 records needs at least 528 MB" in message
     # AND the template's least memory holds the default concurrency
     assert Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}).decode_budget().slot > 0
+
+
+def test_a_memory_too_small_for_the_renders_asked_renders_fewer_at_once() -> None:
+    # GIVEN 512 MB, the default concurrency (2 renders of 4 records) and the ladder in AVIF too,
+    # whose encoder holds more: two renders' work does not fit beside the process
+    settings = Settings.from_env(
+        REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512", "VARIANT_FORMATS": "webp,avif"}
+    )
+
+    # WHEN the process function asks what a render may hold
+    budget = settings.decode_budget(RESIDENT)
+
+    # THEN one renders at a time, in what is left, and the cold start's log line says so
+    assert (budget.renders, budget.asked, budget.work) == (1, 2, RENDER_WORK + AVIF_WORK)
+    assert budget.slot == 512 * MIB - RESIDENT - HEAP_GROWTH - 3 * RECORD_RESERVE - budget.work
+    assert budget.slot > 0
+    assert "1 rendering of 2 asked, as many as the memory holds" in budget.describe()
+    # AND with WebP alone, the two asked for fit
+    assert (
+        Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}).decode_budget().renders == 2
+    )
 
 
 def test_the_functions_memory_is_read_from_what_lambda_sets() -> None:

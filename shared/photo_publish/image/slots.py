@@ -5,16 +5,17 @@ AWS_LAMBDA_FUNCTION_MEMORY_SIZE), less what the process holds of its own, shared
 once:
 
     available = memory - resident - HEAP_GROWTH
-    slot      = (available - (records - renders) x RECORD_RESERVE) / renders - RENDER_WORK
-    whole     =  available - (records - 1) x RECORD_RESERVE - RENDER_WORK
+    slot      = (available - (records - renders) x RECORD_RESERVE) / renders - work
+    whole     =  available - (records - 1) x RECORD_RESERVE - work
 
 `resident` is measured (the process's resident set when the service is built: the interpreter, libvips,
 boto3, the engine); `records` and `renders` are RECORD_CONCURRENCY and RENDER_CONCURRENCY. A render
 is admitted by what its header says its decoder will hold (pipeline._Header): within a slot it renders
 beside the others; over a slot but within the whole, it waits until no other render runs and renders
 alone (publish/service.py's gate); over the whole, nothing this function runs could hold it:
-DIMENSIONS_EXCEEDED. Every render also holds RENDER_WORK beyond its header's figure, so RENDER_CONCURRENCY
-slots, each with its work, the reserves and the resident set add up to the function's memory.
+DIMENSIONS_EXCEEDED. Every render also holds its `work` beyond its header's figure (RENDER_WORK, and
+AVIF_WORK more where the ladder is encoded in AVIF too), so RENDER_CONCURRENCY slots, each with its
+work, the reserves and the resident set add up to the function's memory.
 
 Stdlib only: settings.py derives the budget with it, and the sweep never loads libvips.
 """
@@ -34,8 +35,13 @@ HEAP_GROWTH = 64 * MIB
 RECORD_RESERVE = 16 * MIB
 # What a render holds beyond its header's figure: libvips' buffers and threads, the browse in memory,
 # the encoders (benchmarks/fullsize.py measures it for every accepted format at 100 MP, and
-# benchmarks/hostile.py for the hostile corpus: at most 77 MB over the count, a float TIFF's).
+# benchmarks/hostile.py for the hostile corpus: at most 77 MB over the count, a float TIFF's; a
+# picture with alpha counts its premultiplied browse in its header's figure, pipeline._ALPHA_WORK).
 RENDER_WORK = 96 * MIB
+# What the AVIF encoder holds more, where VARIANT_FORMATS has avif (libaom's frames of each step of
+# the ladder, an alpha coded as a second picture): with it, at most 159 MB over the count, a 2048 x
+# 2048 lossy WebP with alpha, whose browse is the picture itself (benchmarks/fullsize.py).
+AVIF_WORK = 96 * MIB
 # The process function's resident set at its cold start, where it cannot be measured (no /proc) and
 # for a render outside the function (tests, benchmarks, the fuzzer): measured 93-94 MB here (x86_64,
 # the handler's imports and clients), with room for the Lambda runtime's own.
@@ -58,34 +64,62 @@ class DecodeBudget:
     resident: int
     records: int
     renders: int
+    work: int = RENDER_WORK  # what each render holds beyond its header's figure
+    asked: int = (
+        0  # the renders at once asked for (RENDER_CONCURRENCY): more than `renders` where they do not fit
+    )
 
     @classmethod
     def of(
-        cls, *, memory_mb: int, records: int, renders: int, resident: int = NOMINAL_RESIDENT
+        cls,
+        *,
+        memory_mb: int,
+        records: int,
+        renders: int,
+        resident: int = NOMINAL_RESIDENT,
+        formats: tuple[str, ...] = ("webp",),
     ) -> DecodeBudget:
         memory = memory_mb * MIB
-        renders = min(renders, records)  # no more renders at once than records in flight
+        asked = min(renders, records)  # no more renders at once than records in flight
+        work = render_work(formats)
         available = memory - resident - HEAP_GROWTH
-        slot = (available - (records - renders) * RECORD_RESERVE) // renders - RENDER_WORK
-        whole = available - (records - 1) * RECORD_RESERVE - RENDER_WORK
-        if slot < 0:
-            least = -(
-                -(resident + HEAP_GROWTH + (records - renders) * RECORD_RESERVE + renders * RENDER_WORK)
-                // MIB
-            )
-            raise TooSmall(
-                f"{renders} renders at once beside {records - renders} records need at least {least} MB"
-            )
-        return cls(slot, whole, memory, resident, records, renders)
+
+        def slot_of(renders: int) -> int:
+            return (available - (records - renders) * RECORD_RESERVE) // renders - work
+
+        # Where the memory cannot hold the renders asked for at once, fewer render at once (AVIF's
+        # work at 512 MB: one), rather than every photo failing at every cold start.
+        renders = next((n for n in range(asked, 0, -1) if slot_of(n) >= 0), 0)
+        if not renders:
+            least = -(-(resident + HEAP_GROWTH + (records - 1) * RECORD_RESERVE + work) // MIB)
+            raise TooSmall(f"one render beside {records - 1} records needs at least {least} MB")
+        whole = available - (records - 1) * RECORD_RESERVE - work
+        return cls(slot_of(renders), whole, memory, resident, records, renders, work, asked)
+
+    def encoding(self, formats: tuple[str, ...]) -> DecodeBudget:
+        """The same function's budget where the ladder is encoded in `formats`."""
+        return DecodeBudget.of(
+            memory_mb=self.memory // MIB,
+            records=self.records,
+            renders=self.asked or self.renders,
+            resident=self.resident,
+            formats=formats,
+        )
 
     def describe(self) -> str:
         """Where the two figures come from, for a refusal's detail and the cold start's log line."""
+        fewer = f" of {self.asked} asked, as many as the memory holds" if self.renders < self.asked else ""
         return (
             f"{self.memory // MIB} MB of function memory, less {self.resident // MIB} MB resident, "
             f"{HEAP_GROWTH // MIB} MB of heap growth and {RECORD_RESERVE // MIB} MB for each other record "
-            f"in flight ({self.records} at once, {self.renders} rendering); a render's own work "
-            f"{RENDER_WORK // MIB} MB"
+            f"in flight ({self.records} at once, {self.renders} rendering{fewer}); a render's own work "
+            f"{self.work // MIB} MB"
         )
+
+
+def render_work(formats: tuple[str, ...]) -> int:
+    """What a render holds beyond its header's figure, where its ladder is encoded in `formats`."""
+    return RENDER_WORK + (AVIF_WORK if "avif" in formats else 0)
 
 
 def resident_bytes() -> int | None:

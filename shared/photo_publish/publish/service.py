@@ -141,8 +141,8 @@ class PhotoService:
         self._alone = self._options.alone()
         self._gate = RenderGate()
         # Renders at once, whatever the records in flight (the others wait here holding nothing but
-        # their original's open stream).
-        self._renders = threading.BoundedSemaphore(settings.render_concurrency)
+        # their original's open stream): as many as asked, or as the memory holds, if fewer.
+        self._renders = threading.BoundedSemaphore(budget.renders)
         # A record's variants are put at once: one in its own thread, the others here.
         self._puts = ThreadPoolExecutor(settings.record_concurrency, thread_name_prefix="put")
         self._recipe_checked = False
