@@ -1,6 +1,6 @@
 """One measurement in a fresh Python process: every Python peer of the benchmarks, written once.
 
-    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH] [--formats F] [--as-function]
+    python -m benchmarks.child <peer> <photo> [--stream] [--max-pixels N] [--browse-to PATH] [--formats F] [--as-function] [--memory-mb N]
     python -m benchmarks.child over-time <trim-every> <photo>...
     python -m benchmarks.child at-once <photo>...
 
@@ -21,7 +21,8 @@ Peers:
   --as-function (with --stream): rendered as the process function does, at the template's memory
   (devkit/fullsize.py's render_as_the_function: in a shared slot, or again alone), its route added,
   and, once the peak is read, what its header said it would hold (decode_bytes); --formats sets its
-  ladder's formats (VARIANT_FORMATS, as "webp,avif");
+  ladder's formats (VARIANT_FORMATS, as "webp,avif"); --memory-mb the function's memory, where not
+  the template's;
 - pyvips-2dec: pyvips making each variant from the original, thumbnail_buffer() then WebP Q80
   (libvips' default effort), cache off: what the original worker did with sharp, on this libvips;
 - pillow: draft mode (a JPEG decodes at the smallest 1/2^n scale still >= 2048), exif_transpose,
@@ -175,9 +176,12 @@ def photo_publish(data: bytes | None, path: str, options: dict[str, str]) -> Run
     limit, formats = options.get("max-pixels"), options.get("formats")
     if "as-function" in options:
         from devkit.fullsize import render_as_the_function
+        from photo_publish.image import slots
 
         chosen = None if formats is None else tuple(formats.split(","))
-        return lambda: render_as_the_function(path, formats=chosen)
+        memory = options.get("memory-mb")
+        budget = slots.DEFAULT if memory is None else slots.DEFAULT.with_memory(int(memory))
+        return lambda: render_as_the_function(path, budget, formats=chosen)
     render_options = RenderOptions() if limit is None else RenderOptions(max_input_pixels=int(limit))
     if formats is not None:
         render_options = replace(render_options, variant_formats=tuple(formats.split(",")))
@@ -348,13 +352,13 @@ def at_once(paths: list[str]) -> dict[str, Any]:
 
 
 def _options(args: list[str]) -> dict[str, str]:
-    """--stream, --max-pixels N, --formats F, --browse-to PATH (no argparse: its imports would sit in every floor)."""
+    """--stream, --max-pixels N, --formats F, --browse-to PATH, --memory-mb N (no argparse: its imports would sit in every floor)."""
     options: dict[str, str] = {}
     while args:
         name = args.pop(0)
         if name in ("--stream", "--as-function"):
             options[name.removeprefix("--")] = ""
-        elif name in ("--max-pixels", "--formats", "--browse-to") and args:
+        elif name in ("--max-pixels", "--formats", "--browse-to", "--memory-mb") and args:
             options[name.removeprefix("--")] = args.pop(0)
         else:
             raise SystemExit(f"unknown option {name!r} (see benchmarks/child.py)")

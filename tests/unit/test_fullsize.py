@@ -53,3 +53,49 @@ def test_every_accepted_format_at_the_pixel_limit_publishes_within_the_functions
     assert held <= result["decode_bytes"] + budget.work, result
     share = budget.whole if case.route == "alone" else budget.slot
     assert held <= share + budget.work, result
+
+
+# The hostile review's shapes at the template's least memory, where the counts decide most: each is
+# refused from its header or renders within its share of 512 MB (with AVIF on, one render at a time).
+AT_512 = {
+    "avif-444-10000x10000.avif": "DIMENSIONS_EXCEEDED",
+    "tiff-one-strip-ycbcr-10000x10000.tif": "DIMENSIONS_EXCEEDED",
+    "webp-lossless-12500x8000.webp": "DIMENSIONS_EXCEEDED",
+    "webp-alpha-12500x8000.webp": None,
+    "webp-alpha-2048x2048-avif.webp": None,
+    "png-16bit-alpha-2048x2048-avif.png": "DIMENSIONS_EXCEEDED",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(AT_512))
+def test_at_512_mb_what_a_render_cannot_hold_is_refused_and_the_rest_fits(
+    fullsize_corpus: Path, name: str
+) -> None:
+    # GIVEN a photo whose decoder or encoders hold much, and the process function at 512 MB
+    case = next(case for case in fullsize.CASES if case.name == name)
+    budget = slots.DEFAULT.encoding(case.formats).with_memory(512)
+
+    # WHEN it is rendered as the function renders it there
+    formats = ("--formats", ",".join(case.formats))
+    result = child.measure(
+        "photo-publish",
+        fullsize_corpus / name,
+        "--stream",
+        "--as-function",
+        *formats,
+        "--memory-mb",
+        "512",
+        prefix=CAP,
+    )
+
+    # THEN it is refused from its header where no render of 512 MB could hold it
+    assert result["code"] == AT_512[name], result
+    held = (result["peak_mb"] - result["floor_mb"]) * slots.MIB
+    if result["code"] is not None:
+        assert f"over the {budget.whole} a render may hold alone" in result["detail"], result
+        assert held < 64 * slots.MIB, result  # nothing decoded
+        return
+    # AND otherwise it holds no more than its share of 512 MB and its work
+    share = budget.whole if result["route"] == "alone" else budget.slot
+    assert held <= share + budget.work, result

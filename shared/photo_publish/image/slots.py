@@ -65,9 +65,9 @@ class DecodeBudget:
     records: int
     renders: int
     work: int = RENDER_WORK  # what each render holds beyond its header's figure
-    asked: int = (
-        0  # the renders at once asked for (RENDER_CONCURRENCY): more than `renders` where they do not fit
-    )
+    # The renders at once asked for (RENDER_CONCURRENCY): more than `renders` where they do not fit.
+    asked: int = 0
+    formats: tuple[str, ...] = ("webp",)  # the ladder's (VARIANT_FORMATS), whose encoders the work counts
 
     @classmethod
     def of(
@@ -94,14 +94,22 @@ class DecodeBudget:
             least = -(-(resident + HEAP_GROWTH + (records - 1) * RECORD_RESERVE + work) // MIB)
             raise TooSmall(f"one render beside {records - 1} records needs at least {least} MB")
         whole = available - (records - 1) * RECORD_RESERVE - work
-        return cls(slot_of(renders), whole, memory, resident, records, renders, work, asked)
+        return cls(slot_of(renders), whole, memory, resident, records, renders, work, asked, formats)
+
+    def with_memory(self, memory_mb: int) -> DecodeBudget:
+        """The same function's budget with `memory_mb` of memory."""
+        return self._again(memory_mb, self.formats)
 
     def encoding(self, formats: tuple[str, ...]) -> DecodeBudget:
         """The same function's budget where the ladder is encoded in `formats`."""
+        return self._again(self.memory // MIB, formats)
+
+    def _again(self, memory_mb: int, formats: tuple[str, ...]) -> DecodeBudget:
+        renders = self.asked or self.renders
         return DecodeBudget.of(
-            memory_mb=self.memory // MIB,
+            memory_mb=memory_mb,
             records=self.records,
-            renders=self.asked or self.renders,
+            renders=renders,
             resident=self.resident,
             formats=formats,
         )
