@@ -110,3 +110,34 @@ def test_a_still_webps_chunks_say_lossless_and_alpha(options: dict[str, object],
     assert (b"VP8 " in chunks) != (b"VP8L" in chunks)
     # AND what is no WebP has none
     assert frames.webp_chunks(b"RIFF\x00\x00\x00\x00WAVE") == frozenset()
+
+
+@pytest.mark.parametrize(("chroma", "bits"), [(420, 10), (422, 8), (444, 8), (444, 10)])
+def test_a_heics_layout_is_read_from_its_parameter_sets_whatever_its_box_says(chroma: int, bits: int) -> None:
+    # GIVEN an HEVC HEIF, and the same file whose hvcC box says 4:2:0 at 8 bits (its SPS unchanged:
+    # libde265 decodes what the SPS says)
+    data = samples.heic(_tile(), tile_size=0, chroma=chroma, bits=bits)
+    lying = bytearray(data)
+    iprp = heic._children(lying, *(heic._meta(lying) or {})[b"iprp"])
+    for kind, start, _ in heic.walk_boxes(lying, *iprp[b"ipco"]):
+        if kind == b"hvcC":
+            lying[start + 16] = (lying[start + 16] & ~3) | 1
+            lying[start + 17] &= ~7
+            lying[start + 18] &= ~7
+
+    # THEN both read as what the SPS codes
+    expected = heic.Coded({420: 1.5, 422: 2.0, 444: 3.0}[chroma], bits)
+    assert heic.coded(data) == expected
+    assert heic.coded(bytes(lying)) == expected
+
+
+def test_an_avifs_profile_in_its_sequence_header_outranks_its_box() -> None:
+    # GIVEN a 4:4:4 AVIF (AV1 High profile) whose av1C box says 4:2:0
+    data = bytearray(_tile().heifsave_buffer(compression="av1", Q=50, effort=0, subsample_mode="off"))
+    iprp = heic._children(data, *(heic._meta(data) or {})[b"iprp"])
+    for kind, start, _ in heic.walk_boxes(data, *iprp[b"ipco"]):
+        if kind == b"av1C":
+            data[start + 2] = (data[start + 2] & ~0x1C) | 0x0C
+
+    # THEN it reads as 4:4:4, from the sequence header its decoder reads
+    assert heic.coded(bytes(data)).samples == 3.0

@@ -125,13 +125,19 @@ def webp_first_frame(data: bytes | bytearray) -> tuple[int, int, int, int] | Non
 
 
 def webp_chunks(data: bytes | bytearray) -> frozenset[bytes]:
-    """The kinds of a WebP's top-level chunks (VP8, VP8L, ALPH, ANMF...), or none if not a WebP."""
+    """The kinds of a WebP's chunks (VP8, VP8L, ALPH, ANMF...), those of its first animation frame
+    among them (an ANMF holds its frame's ALPH and VP8 or VP8L), or none if not a WebP."""
     if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
         return frozenset()
-    kinds, at = set(), 12
+    kinds: set[bytes] = set()
+    at, end, framed = 12, len(data), False
     with suppress(IndexError, struct.error):
-        while at + 8 <= len(data):
+        while at + 8 <= end:
             kind, size = bytes(data[at : at + 4]), struct.unpack_from("<I", data, at + 4)[0]
             kinds.add(kind)
+            if kind == b"ANMF" and not framed:
+                # Into the first frame's own chunks, after its 16 bytes of placement and timing.
+                at, end, framed = at + 24, min(at + 8 + size, end), True
+                continue
             at += 8 + size + (size & 1)
     return frozenset(kinds)

@@ -179,27 +179,133 @@ def check_canvas(data: bytes | bytearray) -> None:
                 )
 
 
-def chroma_samples(data: bytes | bytearray) -> float:
-    """Samples a pixel holds in the fullest coded picture of the file, from its decoder
-    configuration (`hvcC`'s chroma_format_idc, `av1C`'s monochrome and subsampling flags): 1 for
-    monochrome, 1.5 for 4:2:0 (as phones code them), 2 for 4:2:2, 3 for 4:4:4; 3 where none can be
-    read, the most it can be. Every coded picture counts (a grid's tiles, a thumbnail, a gain map):
-    the decoder's memory is the fullest one's."""
-    most = 0.0
-    with suppress(KeyError, IndexError, struct.error):
-        iprp = _children(data, *(_meta(data) or {})[b"iprp"])
+@dataclass(frozen=True, slots=True)
+class Coded:
+    """How a HEIF's coded pictures lay out in their decoder: samples a pixel (1 monochrome, 1.5 for
+    4:2:0, 2 for 4:2:2, 3 for 4:4:4) and the deepest bit depth, of the fullest picture in the file."""
+
+    samples: float
+    bits: int
+
+
+def coded(data: bytes | bytearray) -> Coded:
+    """What the decoders will decode, read without decoding: from each decoder configuration box
+    (`hvcC`, `av1C`) and from what the decoders themselves read, the parameter sets an `hvcC`
+    carries (its SPS) and each AV1 item's sequence header (its profile): a box that says less than
+    its pictures are is no cheaper to decode. Every coded picture counts (a grid's tiles, a
+    thumbnail, a gain map); where none can be read, 4:4:4, the most it can be."""
+    samples, bits = 0.0, 8
+    with suppress(KeyError, IndexError, ValueError, struct.error):
+        boxes = _meta(data) or {}
+        iprp = _children(data, *boxes[b"iprp"])
         for kind, start, end in walk_boxes(data, *iprp[b"ipco"]):
-            if kind == b"hvcC" and end - start > 16:
-                most = max(most, _HEVC_SAMPLES[data[start + 16] & 3])
+            if kind == b"hvcC" and end - start > 22:
+                samples = max(samples, _HEVC_SAMPLES[data[start + 16] & 3])
+                bits = max(bits, 8 + (data[start + 17] & 7), 8 + (data[start + 18] & 7))
+                for chroma, depth in _hvcc_sps(data, start + 23, end):
+                    samples, bits = max(samples, _HEVC_SAMPLES[chroma & 3]), max(bits, depth)
             elif kind == b"av1C" and end - start > 2:
                 flags = data[start + 2]
                 across, down = bool(flags & 0x08), bool(flags & 0x04)
-                most = max(most, 1.0 if flags & 0x10 else 1 + 2 / ((1 + across) * (1 + down)))
-    return most or 3.0
+                samples = max(samples, 1.0 if flags & 0x10 else 1 + 2 / ((1 + across) * (1 + down)))
+                bits = max(bits, 12 if flags & 0x20 else 10 if flags & 0x40 else 8)
+                samples = max(samples, _av1_samples(data[start + 4 : end]))
+        for item, kind, _ in _infes(data, *boxes[b"iinf"]):
+            if kind == b"av01":
+                samples = max(samples, _av1_samples(_item_data(data, boxes, item) or b""))
+    return Coded(samples or 3.0, bits)
 
 
 # hvcC's chroma_format_idc: monochrome, 4:2:0, 4:2:2, 4:4:4.
 _HEVC_SAMPLES = (1.0, 1.5, 2.0, 3.0)
+_HEVC_SPS = 33
+_AV1_SEQUENCE_HEADER = 1
+
+
+class _Bits:
+    """An H.265 RBSP read bit by bit: fixed-width numbers and Exp-Golomb codes (ue(v))."""
+
+    def __init__(self, nal: bytes) -> None:
+        # The emulation prevention bytes (00 00 03) are the encoder's, not the syntax's.
+        self.data, self.at = nal.replace(b"\x00\x00\x03", b"\x00\x00"), 0
+
+    def u(self, width: int) -> int:
+        value = 0
+        for _ in range(width):
+            value = value << 1 | (self.data[self.at >> 3] >> (7 - (self.at & 7))) & 1
+            self.at += 1
+        return value
+
+    def ue(self) -> int:
+        zeros = 0
+        while not self.u(1):
+            zeros += 1
+            if zeros > 31:
+                raise ValueError("an Exp-Golomb code longer than 32 bits")
+        return (1 << zeros) - 1 + self.u(zeros)
+
+
+def _hvcc_sps(data: bytes | bytearray, at: int, end: int) -> Iterator[tuple[int, int]]:
+    """Each SPS in an hvcC's arrays: its chroma_format_idc and deepest bit depth (ITU-T H.265 7.3.2.2)."""
+    for _ in range(data[at - 1]):  # numOfArrays
+        nal_type, count = data[at] & 0x3F, struct.unpack_from(">H", data, at + 1)[0]
+        at += 3
+        for _ in range(count):
+            length = struct.unpack_from(">H", data, at)[0]
+            nal = bytes(data[at + 2 : min(at + 2 + length, end)])
+            at += 2 + length
+            if nal_type == _HEVC_SPS:
+                yield _sps(_Bits(nal[2:]))  # after the NAL unit header
+
+
+def _sps(bits: _Bits) -> tuple[int, int]:
+    bits.u(4)  # sps_video_parameter_set_id
+    sub_layers = bits.u(3)
+    bits.u(1)
+    bits.u(96)  # the general profile, tier and level
+    present = [(bits.u(1), bits.u(1)) for _ in range(sub_layers)]
+    if sub_layers:
+        bits.u(2 * (8 - sub_layers))
+    for profile, level in present:
+        bits.u(88 * profile + 8 * level)
+    bits.ue()  # sps_seq_parameter_set_id
+    chroma = bits.ue()
+    if chroma == 3:
+        bits.u(1)  # separate_colour_plane_flag
+    bits.ue(), bits.ue()  # the picture's width and height
+    if bits.u(1):  # a conformance window
+        for _ in range(4):
+            bits.ue()
+    return chroma, 8 + max(bits.ue(), bits.ue())
+
+
+def _av1_samples(obus: bytes | bytearray) -> float:
+    """Samples a pixel the sequence header among these AV1 OBUs allows by its profile (AV1 5.5.1,
+    its first three bits): Main (0) 4:2:0 (or monochrome), High (1) 4:4:4, Professional (2) any; 0
+    where there is none."""
+    at = 0
+    while at + 1 < len(obus):
+        header = obus[at]
+        kind, extended, sized = (header >> 3) & 15, header & 4, header & 2
+        at += 2 if extended else 1
+        size = len(obus) - at
+        if sized:
+            size, shift = 0, 0
+            while True:  # leb128
+                byte = obus[at]
+                size |= (byte & 0x7F) << shift
+                at, shift = at + 1, shift + 7
+                if not byte & 0x80 or shift > 56:
+                    break
+        if kind == _AV1_SEQUENCE_HEADER and at < len(obus):
+            return 1.5 if obus[at] >> 5 == 0 else 3.0
+        at += size
+    return 0.0
+
+
+def chroma_samples(data: bytes | bytearray) -> float:
+    """Samples a pixel of the fullest coded picture in the file (coded())."""
+    return coded(data).samples
 
 
 def walk_boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:

@@ -346,8 +346,9 @@ class _Header:
         elif loader == "gifload_source":
             decoder = 4 * pixels  # its frame, composed on its whole canvas in RGBA
         elif loader == "webpload_source" and _has(image, "delay"):
-            decoder = _webp_canvas(width, height, held)  # an animation
-            shrinks_on_load = decoder == 0
+            # An animation: its canvas, or where its first frame fills it, that frame as a still one.
+            canvas = _webp_canvas(width, height, held)
+            decoder, shrinks_on_load = canvas or _webp_still(pixels, held), canvas == 0
         elif loader == "webpload_source":
             decoder, shrinks_on_load = _webp_still(pixels, held), True
         elif loader == _HEIF:
@@ -385,10 +386,12 @@ class _Header:
     ) -> _Header:
         """A HEIF, decoded whole by libheif (libvips' for AVIF, pi-heif's for HEVC, which copies the
         file it is given), then shrunk by libvips."""
-        chroma = heic.chroma_samples(data)
-        decoder = int(
-            width * height * _heif_pixel_bytes(bands, sample_bytes, out_sample_bytes, chroma=chroma)
-        )
+        # The decoder holds what the coded pictures are (their parameter sets), whatever libheif's
+        # header says: a deeper picture than declared is decoded deep all the same.
+        layout = heic.coded(data)
+        deep = max(sample_bytes, 2 if layout.bits > 8 else 1)
+        out = out_sample_bytes or sample_bytes
+        decoder = int(width * height * _heif_pixel_bytes(bands, deep, out, chroma=layout.samples))
         held = len(data) * (2 if hevc else 1)
         alpha = _ALPHA_WORK if bands in (2, 4) else 0
         return cls(width, height, bands, sample_bytes, decoder + _shrink_rows(width, bands) + held + alpha)
@@ -489,20 +492,19 @@ def _webp_canvas(width: int, height: int, data: bytes | bytearray) -> int:
 
 
 def _webp_still(pixels: int, data: bytes | bytearray) -> int:
-    """What libwebp holds of a still WebP it shrinks on load: a lossless one (VP8L) decoded whole
-    in ARGB first (measured at 100 MP: 424 MB), a lossy one's alpha plane (ALPH) whole beside its
-    rows (123 MB), else its rows only."""
+    """What libwebp holds of a still WebP (or an animation's first frame) it shrinks on load: a
+    lossless one (VP8L) decoded whole in ARGB first (measured at 100 MP: 424 MB), and a lossy one's
+    alpha (ALPH) too, which libwebp decodes through its 4-byte path unless colour-indexed; else its
+    rows only."""
     chunks = frames.webp_chunks(data)
-    if b"VP8L" in chunks:
-        return 4 * pixels
-    return pixels if b"ALPH" in chunks else 0
+    return 4 * pixels if b"VP8L" in chunks or b"ALPH" in chunks else 0
 
 
 def _heif_pixel_bytes(
     bands: int, sample_bytes: int, out_sample_bytes: int | None = None, *, chroma: float = 1.5
 ) -> float:
     """What libheif holds a pixel of a HEIF in: its coded planes (`chroma` samples a pixel, as
-    heic.chroma_samples reads them, and an alpha plane) and the interleaved RGB(A) it converts them
+    heic.coded reads them, and an alpha plane) and the interleaved RGB(A) it converts them
     to, 8-bit or 16-bit. Only 4:2:0 and monochrome convert straight to interleaved RGB; 4:2:2 and
     4:4:4 go through a planar RGB(A) of the whole picture first (measured at 100 MP: 8-bit 4:2:0
     held 480-498 MB, 4:2:2 822 MB, 4:4:4 912-946 MB; 10-bit 4:4:4 1771-1863 MB)."""

@@ -15,8 +15,9 @@ _ROWS_PER_STRIP, _PHOTOMETRIC, _PLANAR = 278, 262, 284
 _YCBCR, _SEPARATE = 6, 2
 # libvips' own threshold: strips of more rows than this are read a scanline at a time, where they can be.
 _SCANLINE_ABOVE = 128
-# Field types whose value is an unsigned number held in the entry itself: SHORT, LONG, LONG8.
-_NUMBER = {3: "H", 4: "I", 16: "Q"}
+# Field types whose value is an unsigned number held in the entry itself: BYTE, SHORT, LONG, LONG8
+# (libtiff reads a tag of any of them, whatever the specification types it as).
+_NUMBER = {1: "B", 3: "H", 4: "I", 16: "Q"}
 
 
 def rows_read_at_once(data: bytes | bytearray, height: int) -> int:
