@@ -7,6 +7,7 @@ a copy; from there the photo goes through the same pipeline as any other.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -210,9 +211,11 @@ def coded(data: bytes | bytearray) -> Coded:
                 samples = max(samples, 1.0 if flags & 0x10 else 1 + 2 / ((1 + across) * (1 + down)))
                 bits = max(bits, 12 if flags & 0x20 else 10 if flags & 0x40 else 8)
                 samples = max(samples, _av1_samples(data[start + 4 : end]))
-        for item, kind, _ in _infes(data, *boxes[b"iinf"]):
-            if kind == b"av01":
-                samples = max(samples, _av1_samples(_item_data(data, boxes, item) or b""))
+        # The first AV1 items (a grid's first tiles: libheif lays the canvas out as its first tile
+        # decodes), a bounded number: each is found by a walk of the whole item location box.
+        pictures = (item for item, kind, _ in _infes(data, *boxes[b"iinf"]) if kind == b"av01")
+        for item in itertools.islice(pictures, _AV1_ITEMS_READ):
+            samples = max(samples, _av1_samples(_item_data(data, boxes, item) or b""))
     return Coded(samples or 3.0, bits)
 
 
@@ -220,6 +223,7 @@ def coded(data: bytes | bytearray) -> Coded:
 _HEVC_SAMPLES = (1.0, 1.5, 2.0, 3.0)
 _HEVC_SPS = 33
 _AV1_SEQUENCE_HEADER = 1
+_AV1_ITEMS_READ = 16
 
 
 class _Bits:
