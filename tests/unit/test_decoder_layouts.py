@@ -13,7 +13,7 @@ import pyvips
 from PIL import Image
 
 from devkit import samples
-from photo_publish.image import frames, heic, tiff
+from photo_publish.image import frames, heic, tiff, vp8l
 
 
 def _tile() -> pyvips.Image:
@@ -103,13 +103,13 @@ def test_a_still_webps_chunks_say_lossless_and_alpha(options: dict[str, object],
     picture = _tile()
     if alpha:
         picture = picture.bandjoin(picture.extract_band(1))
-    chunks = frames.webp_chunks(bytes(picture.webpsave_buffer(**options)))
+    chunks = set(frames.webp_chunks(bytes(picture.webpsave_buffer(**options))))
 
     # THEN its chunks say which: VP8L for lossless, ALPH beside VP8 for an alpha
     assert (b"VP8L" in chunks, b"ALPH" in chunks) == (bool(options.get("lossless")), alpha)
     assert (b"VP8 " in chunks) != (b"VP8L" in chunks)
     # AND what is no WebP has none
-    assert frames.webp_chunks(b"RIFF\x00\x00\x00\x00WAVE") == frozenset()
+    assert frames.webp_chunks(b"RIFF\x00\x00\x00\x00WAVE") == {}
 
 
 @pytest.mark.parametrize(("chroma", "bits"), [(420, 10), (422, 8), (444, 8), (444, 10)])
@@ -141,3 +141,26 @@ def test_an_avifs_profile_in_its_sequence_header_outranks_its_box() -> None:
 
     # THEN it reads as 4:4:4, from the sequence header its decoder reads
     assert heic.coded(bytes(data)).samples == 3.0
+
+
+@pytest.mark.parametrize("effort", [0, 4, 6])
+def test_a_lossless_webp_from_libwebp_names_few_prefix_code_groups(effort: int) -> None:
+    # GIVEN the photograph as libwebp writes it lossless, at three efforts
+    data = bytes(samples.photograph().webpsave_buffer(lossless=True, effort=effort))
+    start, end = frames.webp_chunks(data)[b"VP8L"]
+
+    # WHEN its stream is walked to its entropy image
+    groups, cache_bits = vp8l._Reader(data[start + 5 : end]).groups(2560, 1600)
+
+    # THEN it names a few groups (libwebp's encoder keeps to 2600), whose tables are a few hundred KB
+    assert 1 <= groups <= 2600
+    assert vp8l.table_bytes(data[start + 5 : end], 2560, 1600) < (1 << 20) * groups // 40
+    assert 0 <= cache_bits <= 11
+
+
+def test_a_lossless_stream_cut_short_counts_the_most_groups() -> None:
+    data = bytes(samples.photograph().webpsave_buffer(lossless=True, effort=4))
+    start, _ = frames.webp_chunks(data)[b"VP8L"]
+    most = vp8l.MOST_GROUPS * (4 * 5004 + 64)
+    assert vp8l.table_bytes(data[start + 5 : start + 40], 2560, 1600) == most
+    assert vp8l.table_bytes(b"", 1, 1) == most

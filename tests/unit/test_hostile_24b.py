@@ -18,6 +18,11 @@ decoder does not keep to:
    BYTE too. A planar-separate TIFF whose tag is a BYTE is read by libvips a whole strip (here, the
    whole picture) at a time, and counted as if read a scanline at a time.
 
+5. a lossless WebP is counted at its ARGB picture (4 bytes a pixel), but libwebp also builds lookup
+   tables for each prefix-code group its entropy image names (up to 65536, about 5 KB each): a
+   1024 x 1024 file of 512 KB holds some 370 MB, counted at 4 MB and its file; with a colour cache
+   and 11-bit green codes, a 1024 x 1024 file of 21 MB holds some 900 MB, counted at 24 MB.
+
 The fast tests check the header's count on small files (no pixel decoded); the slow ones measure the
 peak of a render at 100 MP in a fresh process, as test_fullsize.py does.
 """
@@ -65,6 +70,94 @@ def gradient_alpha_webp(size: tuple[int, int]) -> bytes:
     xy = pyvips.Image.xyz(width, height)
     alpha = ((xy[0] + xy[1]) * (255 / (width + height - 2))).cast("uchar")
     return bytes(fullsize._picture(size).bandjoin(alpha).webpsave_buffer(Q=75))
+
+
+class _Bits:
+    """A VP8L bit writer, as a string of bits in the order read: numbers LSB-first (as VP8LReadBits),
+    prefix codes their first bit first."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def put(self, value: int, count: int) -> None:
+        self.parts.append(format(value & ((1 << count) - 1), f"0{count}b")[::-1])
+
+    def code(self, code: int, length: int) -> None:
+        self.parts.append(format(code, f"0{length}b"))
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def _to_bytes(text: str) -> bytes:
+    text += "0" * (-len(text) % 8)
+    return int(text[::-1], 2).to_bytes(len(text) // 8, "little")
+
+
+def _one_symbol(bits: _Bits, symbol: int) -> None:
+    bits.put(1, 1)  # a simple code
+    bits.put(0, 1)  # of one symbol: read in no bits at all
+    bits.put(1, 1)  # of 8 bits
+    bits.put(symbol, 8)
+
+
+_CODE_LENGTH_ORDER = (17, 18, 0, 1, 2, 3, 4, 5, 16, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
+
+def _lengths(bits: _Bits, alphabet: int, coded: int, length: int) -> None:
+    """A normal prefix code giving symbols 0 to `coded` - 1 `length` bits each, the rest none."""
+    bits.put(0, 1)
+    listed = _CODE_LENGTH_ORDER.index(length) + 1
+    bits.put(listed - 4, 4)
+    for symbol in _CODE_LENGTH_ORDER[:listed]:
+        bits.put(1 if symbol in (0, length) else 0, 3)  # lengths 0 and `length`, one bit each
+    bits.put(0, 1)  # every symbol of the alphabet
+    bits.code(int("1" * coded + "0" * (alphabet - coded), 2), alphabet)
+
+
+def many_prefix_groups_webp(size: tuple[int, int] = (1024, 1024), *, wide: bool = False) -> bytes:
+    """A valid lossless WebP (one VP8L chunk, no alpha) whose entropy image, one pixel for each 4 x 4
+    block, names 65536 prefix-code groups (the most VP8L allows: 1024 x 1024 pixels are enough).
+    libwebp builds each group's five lookup tables: of one symbol each (the pixels cost no bits),
+    256 entries of 4 bytes a table, about 5 KB a group, some 330 MB for a file of half a megabyte;
+    `wide`: with a colour cache of 2048 and a green code of 2048 symbols of 11 bits (every pixel a
+    literal 0 in 11 bits), its table 2304 entries more, some 900 MB for a file of 21 MB."""
+    width, height = size
+    cache_bits = 11 if wide else 0
+    bits = _Bits()
+    bits.put(0x2F, 8)
+    bits.put(width - 1, 14)
+    bits.put(height - 1, 14)
+    bits.put(0, 1)  # no alpha
+    bits.put(0, 3)  # version 0
+    bits.put(0, 1)  # no transform
+    bits.put(1 if wide else 0, 1)  # a colour cache,
+    if wide:
+        bits.put(cache_bits, 4)  # of 2048
+    bits.put(1, 1)  # meta prefix codes,
+    bits.put(0, 3)  # one group for each 4 x 4 block
+    blocks = -(-width // 4) * -(-height // 4)
+    groups = min(blocks, 65536)
+    bits.put(0, 1)  # the entropy image: no colour cache; its green and red any byte, in 8 bits
+    _lengths(bits, 256 + 24, 256, 8)
+    _lengths(bits, 256, 256, 8)
+    for _ in range(3):  # blue, alpha, distance
+        _one_symbol(bits, 0)
+    for block in range(blocks):  # the group's number: green its low byte, red its high one
+        group = block % groups
+        bits.code(group & 255, 8)
+        bits.code(group >> 8, 8)
+    group_bits = _Bits()  # every group alike: green, red, blue, alpha, distance
+    if wide:
+        _lengths(group_bits, 256 + 24 + (1 << cache_bits), 2048, 11)
+    else:
+        _one_symbol(group_bits, 128)
+    for symbol in (64, 32, 255, 0):
+        _one_symbol(group_bits, symbol)
+    pixels = "0" * (11 * width * height) if wide else ""  # literal 0, code 0 of 11 bits
+    data = _to_bytes(bits.text() + group_bits.text() * groups + pixels)
+    chunk = b"VP8L" + struct.pack("<I", len(data)) + data + b"\0" * (len(data) & 1)
+    return b"RIFF" + struct.pack("<I", 4 + len(chunk)) + b"WEBP" + chunk
 
 
 def _first_alpha_transform(data: bytes) -> int | None:
@@ -146,6 +239,35 @@ def says_8_bits(data: bytes) -> bytes:
     return bytes(edited)
 
 
+def says_8_bits_av1(data: bytes) -> bytes:
+    """The AVIF with its av1C boxes saying 8 bits (high_bitdepth and twelve_bit cleared)."""
+    edited = bytearray(data)
+    iprp = heic._children(edited, *heic._meta(edited)[b"iprp"])
+    for kind, start, _end in heic.walk_boxes(edited, *iprp[b"ipco"]):
+        if kind == b"av1C":
+            edited[start + 2] &= ~0x60
+    return bytes(edited)
+
+
+def retyped(data: bytes, tag: int, kind: int) -> bytes:
+    """The classic little-endian TIFF with its first IFD's `tag` entry retyped `kind` (its value, a
+    small number held in the entry, unchanged: a SHORT's low byte is the BYTE's)."""
+    edited = bytearray(data)
+    assert edited[:4] == b"II*\x00"
+    at = struct.unpack_from("<I", edited, 4)[0]
+    for index in range(struct.unpack_from("<H", edited, at)[0]):
+        entry = at + 2 + 12 * index
+        if struct.unpack_from("<H", edited, entry)[0] == tag:
+            struct.pack_into("<H", edited, entry + 2, kind)
+            return bytes(edited)
+    raise AssertionError(f"no tag {tag}")
+
+
+def one_strip_ycbcr_tiff(size: tuple[int, int]) -> bytes:
+    """Pillow's JPEG-coded YCbCr TIFF in one strip (devkit/fullsize.py's maker)."""
+    return fullsize._one_strip_ycbcr_tiff(size)
+
+
 def _count(data: bytes) -> int:
     """What the render counts for the file against its budget (its header's figure)."""
     count = fullsize.decode_estimate(io.BytesIO(data))
@@ -183,6 +305,29 @@ def test_a_separate_planes_tiffs_planar_configuration_typed_byte_counts_as_libti
     assert _count(byte) >= _count(short)
 
 
+def test_a_ycbcr_tiffs_photometric_typed_byte_counts_as_libtiff_reads_it() -> None:
+    # GIVEN Pillow's one-strip JPEG-coded YCbCr TIFF, and the same file whose PhotometricInterpretation
+    # (6, YCbCr) is typed BYTE: libtiff reads it all the same, and libvips reads the strip whole
+    real = one_strip_ycbcr_tiff((512, 4096))
+    byte = retyped(real, 262, 1)
+    assert pyvips.Image.new_from_buffer(byte, "").avg() == pyvips.Image.new_from_buffer(real, "").avg()
+
+    # THEN both count the whole strip
+    assert _count(byte) >= _count(real)
+
+
+def test_an_avifs_bit_depth_is_counted_from_what_its_decoder_decodes() -> None:
+    # GIVEN a 10-bit AVIF, and the same file whose av1C box says 8 bits (the sequence header, which
+    # the decoder reads, still says 10)
+    tile = samples.photograph().crop(0, 0, 256, 256)
+    deep = (tile.cast("ushort") * 257).cast("ushort").copy(interpretation="rgb16")
+    real = bytes(deep.heifsave_buffer(compression="av1", Q=50, effort=0, bitdepth=10))
+    lying = says_8_bits_av1(real)
+
+    # THEN the count is no less than the truthful file's
+    assert _count(lying) >= _count(real)
+
+
 @pytest.mark.parametrize("coding", ["hevc", "av1"])
 def test_a_heifs_chroma_is_counted_from_what_its_decoder_decodes(coding: str) -> None:
     # GIVEN a 4:4:4 HEIF, and the same file whose configuration box says 4:2:0
@@ -200,6 +345,8 @@ def test_a_heifs_chroma_is_counted_from_what_its_decoder_decodes(coding: str) ->
 # --- measured at the pixel limit ------------------------------------------------------------------
 
 _MAKERS = {
+    "webp-lossless-65536-groups-1024x1024.webp": many_prefix_groups_webp,
+    "webp-lossless-65536-wide-groups-1024x1024.webp": lambda: many_prefix_groups_webp(wide=True),
     "webp-animated-lossless-10000x10000.webp": lambda: animated_lossless_webp(SQUARE),
     "webp-gradient-alpha-10000x10000.webp": lambda: gradient_alpha_webp(SQUARE),
     "tiff16-separate-planar-byte-10000x10000.tif": lambda: separate_planes_tiff(SQUARE, bits=16),
@@ -208,6 +355,11 @@ _EDITS = {
     "avif-444-says-420-10000x10000.avif": ("avif-444-10000x10000.avif", says_420),
     "heic-444-says-420-10000x10000.heic": ("heic-444-10000x10000.heic", says_420),
     "heic-10bit-says-8bit-10000x10000.heic": ("heic-10bit-10000x10000.heic", says_8_bits),
+    "avif-10bit-says-8bit-10000x10000.avif": ("avif-10bit-10000x10000.avif", says_8_bits_av1),
+    "tiff-one-strip-ycbcr-photometric-byte-10000x10000.tif": (
+        "tiff-one-strip-ycbcr-10000x10000.tif",
+        lambda data: retyped(data, 262, 1),
+    ),
 }
 
 
@@ -242,6 +394,10 @@ def _file(name: str, corpus: Path) -> Path:
 @pytest.mark.parametrize(
     ("name", "memory_mb", "formats"),
     [
+        ("webp-lossless-65536-groups-1024x1024.webp", 1769, ("webp",)),
+        ("webp-lossless-65536-groups-1024x1024.webp", 512, ("webp", "avif")),
+        ("webp-lossless-65536-wide-groups-1024x1024.webp", 1769, ("webp",)),
+        ("webp-lossless-65536-wide-groups-1024x1024.webp", 512, ("webp", "avif")),
         ("webp-animated-lossless-10000x10000.webp", 1769, ("webp",)),
         ("webp-animated-lossless-10000x10000.webp", 512, ("webp", "avif")),
         ("webp-gradient-alpha-10000x10000.webp", 1769, ("webp",)),
@@ -249,6 +405,8 @@ def _file(name: str, corpus: Path) -> Path:
         ("avif-444-says-420-10000x10000.avif", 1769, ("webp",)),
         ("heic-444-says-420-10000x10000.heic", 1769, ("webp",)),
         ("heic-10bit-says-8bit-10000x10000.heic", 1769, ("webp",)),
+        ("avif-10bit-says-8bit-10000x10000.avif", 1769, ("webp",)),
+        ("tiff-one-strip-ycbcr-photometric-byte-10000x10000.tif", 1769, ("webp",)),
     ],
 )
 def test_what_the_function_admits_holds_no_more_than_its_count_and_its_share(

@@ -124,20 +124,21 @@ def webp_first_frame(data: bytes | bytearray) -> tuple[int, int, int, int] | Non
     return None
 
 
-def webp_chunks(data: bytes | bytearray) -> frozenset[bytes]:
-    """The kinds of a WebP's chunks (VP8, VP8L, ALPH, ANMF...), those of its first animation frame
-    among them (an ANMF holds its frame's ALPH and VP8 or VP8L), or none if not a WebP."""
+def webp_chunks(data: bytes | bytearray) -> dict[bytes, tuple[int, int]]:
+    """Where each kind of a WebP's chunks first is (its payload's start and end): VP8, VP8L, ALPH,
+    ANMF..., those of its first animation frame among them (an ANMF holds its frame's ALPH and VP8
+    or VP8L); none if not a WebP."""
     if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
-        return frozenset()
-    kinds: set[bytes] = set()
+        return {}
+    found: dict[bytes, tuple[int, int]] = {}
     at, end, framed = 12, len(data), False
     with suppress(IndexError, struct.error):
         while at + 8 <= end:
             kind, size = bytes(data[at : at + 4]), struct.unpack_from("<I", data, at + 4)[0]
-            kinds.add(kind)
+            found.setdefault(kind, (at + 8, min(at + 8 + size, end)))
             if kind == b"ANMF" and not framed:
                 # Into the first frame's own chunks, after its 16 bytes of placement and timing.
                 at, end, framed = at + 24, min(at + 8 + size, end), True
                 continue
             at += 8 + size + (size & 1)
-    return frozenset(kinds)
+    return found

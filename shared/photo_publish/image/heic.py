@@ -196,6 +196,7 @@ def coded(data: bytes | bytearray) -> Coded:
     its pictures are is no cheaper to decode. Every coded picture counts (a grid's tiles, a
     thumbnail, a gain map); where none can be read, 4:4:4, the most it can be."""
     samples, bits = 0.0, 8
+    layouts: list[tuple[float, int] | None] = []
     with suppress(KeyError, IndexError, ValueError, struct.error):
         boxes = _meta(data) or {}
         iprp = _children(data, *boxes[b"iprp"])
@@ -210,12 +211,14 @@ def coded(data: bytes | bytearray) -> Coded:
                 across, down = bool(flags & 0x08), bool(flags & 0x04)
                 samples = max(samples, 1.0 if flags & 0x10 else 1 + 2 / ((1 + across) * (1 + down)))
                 bits = max(bits, 12 if flags & 0x20 else 10 if flags & 0x40 else 8)
-                samples = max(samples, _av1_samples(data[start + 4 : end]))
+                layouts.append(_av1_layout(data[start + 4 : end]))
         # The first AV1 items (a grid's first tiles: libheif lays the canvas out as its first tile
         # decodes), a bounded number: each is found by a walk of the whole item location box.
         pictures = (item for item, kind, _ in _infes(data, *boxes[b"iinf"]) if kind == b"av01")
         for item in itertools.islice(pictures, _AV1_ITEMS_READ):
-            samples = max(samples, _av1_samples(_item_data(data, boxes, item) or b""))
+            layouts.append(_av1_layout(_item_data(data, boxes, item) or b""))
+    for layout in filter(None, layouts):
+        samples, bits = max(samples, layout[0]), max(bits, layout[1])
     return Coded(samples or 3.0, bits)
 
 
@@ -227,11 +230,13 @@ _AV1_ITEMS_READ = 16
 
 
 class _Bits:
-    """An H.265 RBSP read bit by bit: fixed-width numbers and Exp-Golomb codes (ue(v))."""
+    """A bitstream read most significant bit first: fixed-width numbers, H.265's Exp-Golomb codes
+    (ue(v)) and AV1's uvlc()."""
 
-    def __init__(self, nal: bytes) -> None:
-        # The emulation prevention bytes (00 00 03) are the encoder's, not the syntax's.
-        self.data, self.at = nal.replace(b"\x00\x00\x03", b"\x00\x00"), 0
+    def __init__(self, payload: bytes | bytearray, *, h265: bool = False) -> None:
+        # An H.265 NAL's emulation prevention bytes (00 00 03) are the encoder's, not the syntax's.
+        self.data = bytes(payload).replace(b"\x00\x00\x03", b"\x00\x00") if h265 else payload
+        self.at = 0
 
     def u(self, width: int) -> int:
         value = 0
@@ -248,6 +253,8 @@ class _Bits:
                 raise ValueError("an Exp-Golomb code longer than 32 bits")
         return (1 << zeros) - 1 + self.u(zeros)
 
+    uvlc = ue  # AV1 4.10.3: the same code
+
 
 def _hvcc_sps(data: bytes | bytearray, at: int, end: int) -> Iterator[tuple[int, int]]:
     """Each SPS in an hvcC's arrays: its chroma_format_idc and deepest bit depth (ITU-T H.265 7.3.2.2)."""
@@ -259,7 +266,7 @@ def _hvcc_sps(data: bytes | bytearray, at: int, end: int) -> Iterator[tuple[int,
             nal = bytes(data[at + 2 : min(at + 2 + length, end)])
             at += 2 + length
             if nal_type == _HEVC_SPS:
-                yield _sps(_Bits(nal[2:]))  # after the NAL unit header
+                yield _sps(_Bits(nal[2:], h265=True))  # after the NAL unit header
 
 
 def _sps(bits: _Bits) -> tuple[int, int]:
@@ -283,10 +290,8 @@ def _sps(bits: _Bits) -> tuple[int, int]:
     return chroma, 8 + max(bits.ue(), bits.ue())
 
 
-def _av1_samples(obus: bytes | bytearray) -> float:
-    """Samples a pixel the sequence header among these AV1 OBUs allows by its profile (AV1 5.5.1,
-    its first three bits): Main (0) 4:2:0 (or monochrome), High (1) 4:4:4, Professional (2) any; 0
-    where there is none."""
+def _av1_layout(obus: bytes | bytearray) -> tuple[float, int] | None:
+    """Samples a pixel and bit depth of the sequence header among these AV1 OBUs, or None."""
     at = 0
     while at + 1 < len(obus):
         header = obus[at]
@@ -301,10 +306,72 @@ def _av1_samples(obus: bytes | bytearray) -> float:
                 at, shift = at + 1, shift + 7
                 if not byte & 0x80 or shift > 56:
                     break
-        if kind == _AV1_SEQUENCE_HEADER and at < len(obus):
-            return 1.5 if obus[at] >> 5 == 0 else 3.0
+        if kind == _AV1_SEQUENCE_HEADER:
+            return _sequence_header(_Bits(obus[at : at + size]))
         at += size
-    return 0.0
+    return None
+
+
+def _sequence_header(bits: _Bits) -> tuple[float, int]:
+    """AV1 5.5.1 sequence_header_obu, read as far as its color_config (5.5.2)."""
+    profile, _still, reduced = bits.u(3), bits.u(1), bits.u(1)
+    if reduced:
+        bits.u(5)  # seq_level_idx
+    else:
+        _operating_points(bits)
+    width_bits, height_bits = bits.u(4) + 1, bits.u(4) + 1
+    bits.u(width_bits + height_bits)  # max_frame_width_minus_1, max_frame_height_minus_1
+    if not reduced:
+        _coding_tools(bits)
+    else:
+        bits.u(3)  # use_128x128_superblock, enable_filter_intra, enable_intra_edge_filter
+    bits.u(3)  # superres, cdef, restoration
+    return _color_config(bits, profile)
+
+
+def _operating_points(bits: _Bits) -> None:
+    model = 0
+    if bits.u(1):  # timing_info_present_flag
+        bits.u(64)  # num_units_in_display_tick, time_scale
+        if bits.u(1):  # equal_picture_interval
+            bits.uvlc()
+        model = bits.u(1)
+    delay_length = bits.u(5) + 1 if model else 0
+    if model:
+        bits.u(32 + 5 + 5)
+    display_delay = bits.u(1)
+    for _ in range(bits.u(5) + 1):
+        bits.u(12)
+        if bits.u(5) > 7:
+            bits.u(1)  # seq_tier
+        if model and bits.u(1):
+            bits.u(2 * delay_length + 1)
+        if display_delay and bits.u(1):
+            bits.u(4)
+
+
+def _coding_tools(bits: _Bits) -> None:
+    if bits.u(1):  # frame_id_numbers_present_flag
+        bits.u(7)
+    bits.u(3 + 4)  # superblock size, filter intra, intra edge; interintra, masked, warped, dual filter
+    order_hint = bits.u(1)
+    if order_hint:
+        bits.u(2)
+    screen_content = 2 if bits.u(1) else bits.u(1)
+    if screen_content and not bits.u(1):
+        bits.u(1)  # seq_force_integer_mv
+    if order_hint:
+        bits.u(3)
+
+
+def _color_config(bits: _Bits, profile: int) -> tuple[float, int]:
+    deep = bits.u(1)
+    depth = (12 if bits.u(1) else 10) if profile == 2 and deep else 10 if deep else 8
+    if profile != 1 and bits.u(1):  # mono_chrome
+        return 1.0, depth
+    identity = bits.u(1) and bits.u(24) & 0xFF == 0  # sRGB's identity matrix: 4:4:4 whatever the profile
+    # Main (0) is 4:2:0; High (1) 4:4:4; Professional (2) 4:2:2 or at 12 bits any: counted at the most.
+    return (1.5 if profile == 0 and not identity else 3.0), depth
 
 
 def chroma_samples(data: bytes | bytearray) -> float:

@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import pyvips
 
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash, tiff
+from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash, tiff, vp8l
 from photo_publish.keys import VariantKind, ladder_kind
 from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Placeholder
 from photo_publish.settings import AVIF_EFFORT, AVIF_QUALITY
@@ -348,9 +348,9 @@ class _Header:
         elif loader == "webpload_source" and _has(image, "delay"):
             # An animation: its canvas, or where its first frame fills it, that frame as a still one.
             canvas = _webp_canvas(width, height, held)
-            decoder, shrinks_on_load = canvas or _webp_still(pixels, held), canvas == 0
+            decoder, shrinks_on_load = canvas or _webp_still(width, height, held), canvas == 0
         elif loader == "webpload_source":
-            decoder, shrinks_on_load = _webp_still(pixels, held), True
+            decoder, shrinks_on_load = _webp_still(width, height, held), True
         elif loader == _HEIF:
             hevc = (
                 _has(image, heic.COMPRESSION_FIELD) and image.get(heic.COMPRESSION_FIELD) == heic.COMPRESSION
@@ -387,10 +387,11 @@ class _Header:
         """A HEIF, decoded whole by libheif (libvips' for AVIF, pi-heif's for HEVC, which copies the
         file it is given), then shrunk by libvips."""
         # The decoder holds what the coded pictures are (their parameter sets), whatever libheif's
-        # header says: a deeper picture than declared is decoded deep all the same.
+        # header says: a deeper picture than declared is decoded deep all the same, and converted
+        # (counted as the deep RGB it is converted from), unless asked for at 8 bits on purpose.
         layout = heic.coded(data)
         deep = max(sample_bytes, 2 if layout.bits > 8 else 1)
-        out = out_sample_bytes or sample_bytes
+        out = out_sample_bytes or deep
         decoder = int(width * height * _heif_pixel_bytes(bands, deep, out, chroma=layout.samples))
         held = len(data) * (2 if hevc else 1)
         alpha = _ALPHA_WORK if bands in (2, 4) else 0
@@ -491,13 +492,26 @@ def _webp_canvas(width: int, height: int, data: bytes | bytearray) -> int:
     return 4 * width * height + 4 * min(area, width * height)
 
 
-def _webp_still(pixels: int, data: bytes | bytearray) -> int:
+def _webp_still(width: int, height: int, data: bytes | bytearray) -> int:
     """What libwebp holds of a still WebP (or an animation's first frame) it shrinks on load: a
     lossless one (VP8L) decoded whole in ARGB first (measured at 100 MP: 424 MB), and a lossy one's
-    alpha (ALPH) too, which libwebp decodes through its 4-byte path unless colour-indexed; else its
-    rows only."""
+    alpha (ALPH) too, which libwebp decodes through its 4-byte path unless colour-indexed, each with
+    its lossless stream's prefix-code tables (vp8l.py: up to 1.3 GB for a file of a few hundred KB);
+    else its rows only."""
     chunks = frames.webp_chunks(data)
-    return 4 * pixels if b"VP8L" in chunks or b"ALPH" in chunks else 0
+    if b"VP8L" in chunks:
+        start, end = chunks[b"VP8L"]
+        header = int.from_bytes(data[start + 1 : start + 5], "little")
+        frame = ((header & 0x3FFF) + 1, (header >> 14 & 0x3FFF) + 1)
+        return 4 * width * height + vp8l.table_bytes(data[start + 5 : end], *frame)
+    if b"ALPH" in chunks:
+        start, end = chunks[b"ALPH"]
+        placed = frames.webp_first_frame(data)
+        frame = placed[2:] if placed is not None else (width, height)
+        lossless = start < end and data[start] & 3 == 1
+        tables = vp8l.table_bytes(data[start + 1 : end], *frame) if lossless else 0
+        return 4 * width * height + tables
+    return 0
 
 
 def _heif_pixel_bytes(
