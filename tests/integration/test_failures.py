@@ -395,11 +395,12 @@ def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
     )
 
     # WHEN a receive spends no attempt (the database refused connections), and then the first two
-    # attempts fail transiently, the second at ApproximateReceiveCount 3
+    # attempts fail transiently: so close to the redrive, every receive that must come back hands
+    # its record on to a fresh message (acknowledged, not failed)
     shot = upload(infra, db)
     poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=2)
     poller.poll_once()
-    assert (poller.failed, job(db, shot.photo_id)) == (1, ("pending", 0, None))
+    assert (poller.received, poller.failed, job(db, shot.photo_id)) == (1, 0, ("pending", 0, None))
     infra.configure(database_url=database_url)
     with aws_fails(bootstrap.s3_client(), "GetObject", times=2):
         poll_until(infra, published(db, shot.photo_id))
@@ -659,3 +660,60 @@ def test_a_redrive_asked_to_move_messages_falls_back_to_sending_where_the_endpoi
     assert not summary.moved_by_task and summary.photos == [shot.photo_id]
     assert dead_letters(fast) == []
     assert events(db, shot.photo_id) == 1
+
+
+def test_a_run_that_dies_and_a_hand_on_whose_send_fails_leave_a_receive_to_hand_on_from(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN the template's redrive (dead-lettered at the sixth receive), a visibility of 2 s, and a
+    # database that refuses connections: every receive fails before a claim, spending no attempt
+    from devkit import stack
+    from photo_publish.publish import delivery
+
+    queues = stack.create_queues(
+        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-die", max_receive_count=5, visibility_timeout=2
+    )
+    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    stack.drop_test_events(infra.sqs, queues.url)
+    infra.queues = queues
+    database_url = db.url.render_as_string(hide_password=False)
+    infra.configure(
+        retry_base_seconds=0,
+        process_queue_url=queues.url,
+        dead_letter_queue_url=queues.dead_letter_url,
+        database_url="postgresql://postgres@127.0.0.1:9/none",
+    )
+    first_hand_on = bootstrap.settings().max_receive_count - delivery.HAND_ON_SLACK
+    shot = upload(infra, db)
+
+    # WHEN the run on the first receive a hand-on may come from dies before it answers (the
+    # message comes back after its visibility), and the next run's hand-on meets an SQS error (the
+    # soak's schedule: a kill, then a fault on SendMessage)
+    receives: list[int] = []
+    send_failed: list[list[float]] = []
+
+    def dies_then_send_fails(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        counts = [int(record["attributes"]["ApproximateReceiveCount"]) for record in event["Records"]]
+        receives.extend(counts)
+        if first_hand_on in counts:  # the run dies: no answer, every record comes back
+            return {"batchItemFailures": [{"itemIdentifier": r["messageId"]} for r in event["Records"]]}
+        if first_hand_on + 1 in counts and not send_failed:
+            with aws_fails(bootstrap.sqs_client(), "SendMessage") as calls:
+                response: dict[str, Any] = process.lambda_handler(event, context)
+            send_failed.append(calls)
+            return response
+        return process.lambda_handler(event, context)
+
+    poller = Poller(infra.sqs, queues.url, queues.arn, dies_then_send_fails, wait_seconds=1)
+    deadline = time.monotonic() + 60
+    while poller.received - poller.failed < 1:  # until a run's answer acknowledges the notification
+        assert time.monotonic() < deadline, f"never acknowledged; receives {receives}"
+        poller.poll_once()
+    # ... and the database comes back
+    infra.configure(database_url=database_url)
+    poll_until(infra, published(db, shot.photo_id))
+
+    # THEN a later receive still handed it on: nothing was dead-lettered, the photo published
+    assert send_failed and send_failed[0], f"the hand-on's send was never tried; receives {receives}"
+    assert dead_letters(infra) == [], f"receives {receives}"
+    assert job(db, shot.photo_id)[:2] == ("done", 1)
