@@ -495,10 +495,14 @@ class JobStateMachine(RuleBasedStateMachine):
         for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
             self.queue.send_job(photo_id)
 
-    @rule(index=st.integers(0, PHOTOS - 1))
-    def an_operator_retries_while_a_letter_is_on_its_way(self, index: int) -> None:
-        """The retry commits while some sender (a worker, the sweep) holds a letter."""
-        self.queue.during_send = lambda: self.an_operator_retries(index)
+    @rule(index=st.integers(0, PHOTOS - 1), act=st.sampled_from(["retry", "rerender"]))
+    def the_operator_acts_while_a_letter_is_on_its_way(self, index: int, act: str) -> None:
+        """A retry of the photo, or `rerender --all` resumed, commits while some sender (a worker,
+        the sweep) holds a letter: taken back then, it would page for a photo no longer failed."""
+        if act == "retry":
+            self.queue.during_send = lambda: self.an_operator_retries(index)
+        elif self.version > 1:
+            self.queue.during_send = self.the_operator_resumes_the_backfill
 
     @rule()
     def an_operator_redrives(self) -> None:
