@@ -416,15 +416,18 @@ class JobStateMachine(RuleBasedStateMachine):
         self.tails[(index, upload)] = tail
         sequencer = self._sequencer(index, upload)
         body = notification(self.photos[index].key, upload, sequencer, bucket=self.settings.photo_bucket)
+        waiting = len(self.queue.inflight)
         acknowledged = self._through_an_outage(body, receives)
-        # The database is back. What the receives handed on arrives first (as SQS would deliver
-        # it: the only message for this upload), then the notification if it is still in the queue.
+        # The database is back, and what the receives left arrives: what they handed on to the queue
+        # (upload records, or job messages), else the notification itself, still in the queue.
         handed_on, self.queue.handed_on = self.queue.handed_on, []
+        jobs = [self.queue.inflight.pop() for _ in range(len(self.queue.inflight) - waiting)]
         outcome = Outcome.RETRY
         for carried in handed_on + ([] if acknowledged else [body]):
             outcome = self._deliver_body(carried)
-        if handed_on or not acknowledged:
-            self._assert_upload_taken(index, sequencer, outcome)
+        for photo_id in jobs:
+            outcome = self._deliver(self._index(photo_id), None)
+        self._assert_upload_taken(index, sequencer, outcome)
 
     def _through_an_outage(self, body: str, receives: int) -> bool:
         """True if a receive acknowledged the notification (handed it on)."""
