@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -85,8 +85,9 @@ settings.register_profile(
     "soak", max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=list(HealthCheck)
 )
 # `find`: the mutation runs' setting (a scratch copy with one defect put back): long schedules, many of
-# them, stopped at the first failure (Hypothesis' shrinking is left on: its falsifying example is the
-# report). HYPOTHESIS_PROFILE=find.
+# them, stopped at the first failure. Shrinking is left on (its falsifying example is the report);
+# the explain phase is not (it traces coverage over many replays: minutes per failure here).
+# HYPOTHESIS_PROFILE=find.
 settings.register_profile(
     "find",
     max_examples=100_000,
@@ -94,6 +95,7 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=list(HealthCheck),
     report_multiple_bugs=False,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 if PROFILE not in ("soak", "find"):
