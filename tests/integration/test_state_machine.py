@@ -718,8 +718,9 @@ class JobStateMachine(RuleBasedStateMachine):
             owed = connection.scalar(select(func.count()).where(PhotoJob.dead_letter_owed_at.is_not(None)))
         assert owed == 0, "a dead letter is still owed after the sweeps"
         # Invariant 4 and SPEC 14: a photo marked for a version (a backfill not stopped since) reaches
-        # it, or its re-render failed for good and pages as one, its letter waiting in the queue: a
-        # backfill's failure is never dropped.
+        # it, or its re-render failed: permanently (the file's fault, which pages nobody: SPEC 5), or
+        # finally, paging as one with its letter still waiting in the queue (a redrive that removes
+        # it takes the re-render up again). A backfill's failure is never silently dropped.
         if self.backfilling is not None:
             with self.engine.connect() as connection:
                 behind = connection.execute(
@@ -732,7 +733,8 @@ class JobStateMachine(RuleBasedStateMachine):
                 ).all()
             letters = self.letters_waiting()
             for photo_id, status, code in behind:
-                assert status == "failed" and (photo_id, ErrorCode(str(code))) in letters, (
+                permanent = code is not None and ErrorCode(code).permanent
+                assert status == "failed" and (permanent or (photo_id, ErrorCode(str(code))) in letters), (
                     f"a photo marked for version {self.backfilling} stays behind with its job {status}"
                     f" ({code}) and no letter waiting"
                 )
