@@ -23,6 +23,7 @@ from photo_publish.settings import Settings
 # message instead (MAX_RECEIVE_COUNT - HAND_ON_SLACK onwards).
 HAND_ON_SLACK = 2
 
+
 class RetryLater(Exception):
     """Raised for a record the queue must deliver again (its visibility already set)."""
 
