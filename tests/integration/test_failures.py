@@ -415,21 +415,7 @@ def test_a_handed_on_message_whose_acknowledgement_is_lost_is_not_dead_lettered(
 ) -> None:
     # GIVEN the template's redrive (dead-lettered at the sixth receive), a visibility of 2 s, and a
     # database that refuses connections: every receive fails before a claim, spending no attempt
-    from devkit import stack
-
-    queues = stack.create_queues(
-        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-ack", max_receive_count=5, visibility_timeout=2
-    )
-    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
-    stack.drop_test_events(infra.sqs, queues.url)
-    infra.queues = queues
-    database_url = db.url.render_as_string(hide_password=False)
-    infra.configure(
-        retry_base_seconds=0,
-        process_queue_url=queues.url,
-        dead_letter_queue_url=queues.dead_letter_url,
-        database_url="postgresql://postgres@127.0.0.1:9/none",
-    )
+    database_url = _redrive_at_the_sixth_receive_and_the_database_down(infra, db, "ack")
     shot = upload(infra, db)
 
     # WHEN the run that hands the notification on to a fresh message answers, but its
@@ -446,7 +432,7 @@ def test_a_handed_on_message_whose_acknowledgement_is_lost_is_not_dead_lettered(
                 failed.add(record["messageId"])
         return {"batchItemFailures": [{"itemIdentifier": m} for m in sorted(failed)]}
 
-    poller = Poller(infra.sqs, queues.url, queues.arn, ack_lost_once, wait_seconds=1)
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, ack_lost_once, wait_seconds=1)
     deadline = time.monotonic() + 60
     while not lost:
         assert time.monotonic() < deadline, "no run answered the notification"
@@ -667,22 +653,9 @@ def test_a_run_that_dies_and_a_hand_on_whose_send_fails_leave_a_receive_to_hand_
 ) -> None:
     # GIVEN the template's redrive (dead-lettered at the sixth receive), a visibility of 2 s, and a
     # database that refuses connections: every receive fails before a claim, spending no attempt
-    from devkit import stack
     from photo_publish.publish import delivery
 
-    queues = stack.create_queues(
-        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-die", max_receive_count=5, visibility_timeout=2
-    )
-    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
-    stack.drop_test_events(infra.sqs, queues.url)
-    infra.queues = queues
-    database_url = db.url.render_as_string(hide_password=False)
-    infra.configure(
-        retry_base_seconds=0,
-        process_queue_url=queues.url,
-        dead_letter_queue_url=queues.dead_letter_url,
-        database_url="postgresql://postgres@127.0.0.1:9/none",
-    )
+    database_url = _redrive_at_the_sixth_receive_and_the_database_down(infra, db, "die")
     first_hand_on = bootstrap.settings().max_receive_count - delivery.HAND_ON_SLACK
     shot = upload(infra, db)
 
@@ -704,7 +677,7 @@ def test_a_run_that_dies_and_a_hand_on_whose_send_fails_leave_a_receive_to_hand_
             return response
         return process.lambda_handler(event, context)
 
-    poller = Poller(infra.sqs, queues.url, queues.arn, dies_then_send_fails, wait_seconds=1)
+    poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, dies_then_send_fails, wait_seconds=1)
     deadline = time.monotonic() + 60
     while poller.received - poller.failed < 1:  # until a run's answer acknowledges the notification
         assert time.monotonic() < deadline, f"never acknowledged; receives {receives}"
@@ -717,3 +690,23 @@ def test_a_run_that_dies_and_a_hand_on_whose_send_fails_leave_a_receive_to_hand_
     assert send_failed and send_failed[0], f"the hand-on's send was never tried; receives {receives}"
     assert dead_letters(infra) == [], f"receives {receives}"
     assert job(db, shot.photo_id)[:2] == ("done", 1)
+
+
+def _redrive_at_the_sixth_receive_and_the_database_down(infra: Infra, db: Engine, suffix: str) -> str:
+    """Queues of their own (the template's maxReceiveCount, a 2 s visibility) notified of uploads, the
+    functions pointed at a database that refuses connections; the real database's URL, to go back."""
+    from devkit import stack
+
+    queues = stack.create_queues(
+        infra.sqs, f"{infra.queues.url.rsplit('/', 1)[1]}-{suffix}", max_receive_count=5, visibility_timeout=2
+    )
+    stack.notify(infra.s3, BUCKET, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+    stack.drop_test_events(infra.sqs, queues.url)
+    infra.queues = queues
+    infra.configure(
+        retry_base_seconds=0,
+        process_queue_url=queues.url,
+        dead_letter_queue_url=queues.dead_letter_url,
+        database_url="postgresql://postgres@127.0.0.1:9/none",
+    )
+    return db.url.render_as_string(hide_password=False)
