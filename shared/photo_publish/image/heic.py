@@ -192,7 +192,7 @@ class Coded:
 def coded(data: bytes | bytearray) -> Coded:
     """What the decoders will decode, read without decoding: from each decoder configuration box
     (`hvcC`, `av1C`) and from what the decoders themselves read, the parameter sets an `hvcC`
-    carries (its SPS) and each AV1 item's sequence header (its profile): a box that says less than
+    carries (its SPS) and each AV1 item's sequence header (profile, bit depth): a box that says less than
     its pictures are is no cheaper to decode. Every coded picture counts (a grid's tiles, a
     thumbnail, a gain map); where none can be read, 4:4:4, the most it can be."""
     samples, bits = 0.0, 8
