@@ -28,7 +28,7 @@ def test_a_heics_chroma_subsampling_is_read_from_its_hevc_configuration(
     data = samples.heic(_tile(), tile_size=0, chroma=chroma)
 
     # WHEN its samples a pixel are read (no pixel decoded) THEN they are the subsampling's
-    assert heic.chroma_samples(data) == samples_a_pixel
+    assert heic.coded(data).samples == samples_a_pixel
 
 
 @pytest.mark.parametrize(("subsampled", "samples_a_pixel"), [(True, 1.5), (False, 3.0)])
@@ -40,7 +40,7 @@ def test_an_avifs_chroma_subsampling_is_read_from_its_av1_configuration(
     data = bytes(_tile().heifsave_buffer(compression="av1", Q=50, effort=0, subsample_mode=mode))
 
     # THEN its samples a pixel are read from its av1C box
-    assert heic.chroma_samples(data) == samples_a_pixel
+    assert heic.coded(data).samples == samples_a_pixel
 
 
 def test_a_heif_whose_configuration_cannot_be_read_counts_as_the_fullest() -> None:
@@ -49,8 +49,8 @@ def test_a_heif_whose_configuration_cannot_be_read_counts_as_the_fullest() -> No
     cut = whole[: whole.index(b"iprp") + 12]
 
     # THEN each counts 3 samples a pixel (4:4:4), the most a decoder could hold
-    assert heic.chroma_samples(cut) == 3.0
-    assert heic.chroma_samples(b"\x00" * 64) == 3.0
+    assert heic.coded(cut).samples == 3.0
+    assert heic.coded(b"\x00" * 64).samples == 3.0
 
 
 def _pillow_tiff(mode: str, **options: object) -> bytes:

@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -216,37 +217,45 @@ def separate_planes_tiff(size: tuple[int, int], *, bits: int = 8, planar_type: i
     return bytes(out)
 
 
-def says_420(data: bytes) -> bytes:
-    """The HEIF with every hvcC / av1C box saying 4:2:0 (one byte each), its coded pictures unchanged."""
+def _configs_edited(data: bytes, kind: bytes, edit: Callable[[bytearray, int], None]) -> bytes:
+    """The HEIF with `edit(file, payload start)` applied to each of its `kind` configuration boxes."""
     edited = bytearray(data)
     iprp = heic._children(edited, *heic._meta(edited)[b"iprp"])
-    for kind, start, _end in heic.walk_boxes(edited, *iprp[b"ipco"]):
-        if kind == b"hvcC":
-            edited[start + 16] = (edited[start + 16] & ~3) | 1  # chroma_format_idc 1
-        elif kind == b"av1C":
-            edited[start + 2] = (edited[start + 2] & ~0x1C) | 0x0C  # not mono, subsampled x and y
+    for found, start, _end in heic.walk_boxes(edited, *iprp[b"ipco"]):
+        if found == kind:
+            edit(edited, start)
     return bytes(edited)
+
+
+def says_420(data: bytes) -> bytes:
+    """The HEIF with every hvcC / av1C box saying 4:2:0 (one byte each), its coded pictures unchanged."""
+
+    def hevc(edited: bytearray, start: int) -> None:
+        edited[start + 16] = (edited[start + 16] & ~3) | 1  # chroma_format_idc 1
+
+    def av1(edited: bytearray, start: int) -> None:
+        edited[start + 2] = (edited[start + 2] & ~0x1C) | 0x0C  # not mono, subsampled x and y
+
+    return _configs_edited(_configs_edited(data, b"hvcC", hevc), b"av1C", av1)
 
 
 def says_8_bits(data: bytes) -> bytes:
     """The HEIF with its hvcC boxes saying 8-bit luma and chroma, its coded pictures unchanged."""
-    edited = bytearray(data)
-    iprp = heic._children(edited, *heic._meta(edited)[b"iprp"])
-    for kind, start, _end in heic.walk_boxes(edited, *iprp[b"ipco"]):
-        if kind == b"hvcC":
-            edited[start + 17] &= ~7
-            edited[start + 18] &= ~7
-    return bytes(edited)
+
+    def hevc(edited: bytearray, start: int) -> None:
+        edited[start + 17] &= ~7
+        edited[start + 18] &= ~7
+
+    return _configs_edited(data, b"hvcC", hevc)
 
 
 def says_8_bits_av1(data: bytes) -> bytes:
     """The AVIF with its av1C boxes saying 8 bits (high_bitdepth and twelve_bit cleared)."""
-    edited = bytearray(data)
-    iprp = heic._children(edited, *heic._meta(edited)[b"iprp"])
-    for kind, start, _end in heic.walk_boxes(edited, *iprp[b"ipco"]):
-        if kind == b"av1C":
-            edited[start + 2] &= ~0x60
-    return bytes(edited)
+
+    def av1(edited: bytearray, start: int) -> None:
+        edited[start + 2] &= ~0x60
+
+    return _configs_edited(data, b"av1C", av1)
 
 
 def retyped(data: bytes, tag: int, kind: int) -> bytes:

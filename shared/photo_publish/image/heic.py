@@ -374,11 +374,6 @@ def _color_config(bits: _Bits, profile: int) -> tuple[float, int]:
     return (1.5 if profile == 0 and not identity else 3.0), depth
 
 
-def chroma_samples(data: bytes | bytearray) -> float:
-    """Samples a pixel of the fullest coded picture in the file (coded())."""
-    return coded(data).samples
-
-
 def walk_boxes(data: bytes | bytearray, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
     """(type, payload start, payload end) of the boxes in data[start:end]; stops at a broken one."""
     while start + 8 <= end:
