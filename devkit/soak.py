@@ -101,6 +101,9 @@ class Config:
     duplicate_every: float = 0.4
     # A user's deletion, of a photo in any state (its render may be running), every this many seconds.
     delete_every: float = 5.0
+    # The drain's bound: it goes on while the work left shrinks, and gives up once it has not shrunk
+    # for this long (a backfill's backlog of a few thousand re-renders drains for minutes), or at
+    # four times it in all.
     drain_seconds: float = 360.0
     restart_postgres: bool = True
     # Database outages for the functions (their connections cut, new ones refused), each long enough
@@ -1230,10 +1233,11 @@ class Run:
     def drain(self, parts: Parts) -> bool:
         """Until every photo settled, no job is active or pending and the queue is empty (bounded)."""
         database, sqs, queues, fleet = parts.database, parts.sqs, parts.queues, parts.fleet
-        deadline = time.monotonic() + self.config.drain_seconds
+        started = time.monotonic()
+        deadline, cap = started + self.config.drain_seconds, started + 4 * self.config.drain_seconds
         version = RECIPE_VERSION if self.config.backfill else None
-        last, next_backfill = "", time.monotonic()
-        while time.monotonic() < deadline:
+        last, next_backfill, least = "", time.monotonic(), float("inf")
+        while time.monotonic() < min(deadline, cap):
             fleet.tend()
             state = retrying(lambda: soakcheck.progress(database.engine, version))
             if state.get("below_recipe") and time.monotonic() >= next_backfill:
@@ -1251,6 +1255,11 @@ class Run:
                 ],
             )["Attributes"]
             in_queue = sum(int(v) for v in attributes.values())
+            left = in_queue + sum(
+                int(state.get(k) or 0) for k in ("unsettled", "open_jobs", "unpurged", "below_recipe")
+            )
+            if left < least:
+                least, deadline = left, time.monotonic() + self.config.drain_seconds
             line = f"drain: {state} queue={in_queue}"
             if line != last:
                 self.say(line)

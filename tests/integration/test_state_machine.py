@@ -16,7 +16,11 @@ slower than the render's limit (never a permanent RENDER_TIME_EXCEEDED); the ope
 (`operator.redrive` on the recording queue, which answers its SQS calls), a retry committed while a
 sender holds a letter, and `rerender --all` resumed; every letter, as it reaches the dead-letter
 queue, is for a failed job with that code; and after the settling sweeps, a photo a backfill marked
-reaches the version or has its re-render's letter waiting in the queue.
+reaches the version or has its re-render's letter waiting in the queue. Then the actors that make
+final failures and their races come within a few steps: an original S3 cannot read for a few rounds
+of the queue (three failed attempts fail its job for good), the queue catching up, a user replacing a
+file at once (two uploads, the second's sequencer as often shorter), and the operator's retry or
+`rerender --all` committing while a sender holds that photo's letter.
 
 Sizes are Hypothesis profiles: `ci` (the default), `soak` (HYPOTHESIS_PROFILE=soak, which
 `make soak` sets: 200 examples of 50 steps over 10 photos) and `find` (mutation runs: long schedules
@@ -85,8 +89,9 @@ settings.register_profile(
     "soak", max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=list(HealthCheck)
 )
 # `find`: the mutation runs' setting (a scratch copy with one defect put back): long schedules, many of
-# them, stopped at the first failure. Shrinking is left on (its falsifying example is the report);
-# the explain phase is not (it traces coverage over many replays: minutes per failure here).
+# them, stopped at the first failure, which is reported as it was generated (the figures of a
+# detection: checks run, seconds, the schedule's steps). `find-shrink`, run again with the same
+# `--hypothesis-seed`, finds the same failure and shrinks it (minutes more: each replay renders).
 # HYPOTHESIS_PROFILE=find.
 settings.register_profile(
     "find",
@@ -95,10 +100,13 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=list(HealthCheck),
     report_multiple_bugs=False,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+)
+settings.register_profile(
+    "find-shrink", settings.get_profile("find"), phases=[*settings.get_profile("find").phases, Phase.shrink]
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("soak", "find"):
+if PROFILE not in ("soak", "find", "find-shrink"):
     PROFILE = "ci"
 PHOTOS = 10 if PROFILE == "soak" else 3
 # Steps run in all (every example's), printed at the end of a run: how far a schedule went before a
@@ -203,8 +211,9 @@ class Queue:
     refusing: int = 0
     # Called with each letter as it is accepted (the model's check of SPEC 16's invariant 2).
     on_letter: Callable[[uuid.UUID, ErrorCode], None] | None = None
-    # Called once, while the next letter is on its way: what happens while a sender holds it.
-    during_send: Callable[[], None] | None = None
+    # Called once, while the next letter of the photo is on its way: what happens while a sender
+    # holds it.
+    during_send: tuple[uuid.UUID, Callable[[], None]] | None = None
     # Upload records handed back to the queue (the receive limit's hand-on): their bodies.
     handed_on: list[str] = field(default_factory=list)
 
@@ -226,8 +235,8 @@ class Queue:
     def send_dead_letter(
         self, photo_id: uuid.UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
     ) -> bool:
-        during, self.during_send = self.during_send, None
-        if during is not None:
+        if self.during_send is not None and self.during_send[0] == photo_id:
+            (_, during), self.during_send = self.during_send, None
             during()
         if self.refusing:
             self.refusing -= 1
@@ -306,7 +315,9 @@ class JobStateMachine(RuleBasedStateMachine):
         self.queue.on_letter = self._letter_accepted
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
         self.sweeper = Sweeper(self.engine, self.queue, self.settings, store=self.store, batch_size=2)
+        # The photos in the rules' places; a new upload takes a deleted one's place.
         self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
+        self.everyone = list(self.photos)
         self.queue.inflight.extend(p.photo_id for p in self.photos)
         self.ever_ready: set[uuid.UUID] = set()
         # Each photo's uploads so far: an upload event announces the newest (or, late, an older one).
@@ -380,6 +391,15 @@ class JobStateMachine(RuleBasedStateMachine):
         if which == "new":
             self._assert_upload_taken(index, sequencer, outcome)
 
+    @rule(index=st.integers(0, PHOTOS - 1), first=SEQUENCER_TAILS, second=SEQUENCER_TAILS, fault=FAULTS)
+    def a_user_replaces_the_file_at_once(
+        self, index: int, first: str, second: str, fault: ErrorCode | None
+    ) -> None:
+        """Two uploads in quick succession (a broken file, then the fixed one): the first's event, its
+        delivery meeting `fault`, then the second's, whose sequencer is as often shorter as longer."""
+        self.deliver_an_upload_event(index, fault, "new", first)
+        self.deliver_an_upload_event(index, None, "new", second)
+
     def _assert_upload_taken(self, index: int, sequencer: str, outcome: Outcome) -> None:
         after = self._job(index)
         if after is None or after.processing_state == "ready":
@@ -428,7 +448,7 @@ class JobStateMachine(RuleBasedStateMachine):
         for carried in handed_on + ([] if acknowledged else [body]):
             outcome = self._deliver_body(carried)
         for photo_id in jobs:
-            outcome = self._deliver(self._index(photo_id), None)
+            outcome = self._arrive(photo_id)
         self._assert_upload_taken(index, sequencer, outcome)
 
     def _through_an_outage(self, body: str, receives: int) -> bool:
@@ -495,6 +515,54 @@ class JobStateMachine(RuleBasedStateMachine):
     def the_sweep_runs(self) -> None:
         self.sweeper.run()
 
+    @rule()
+    def the_queue_catches_up(self) -> None:
+        """An hour of the queue: time passes, the sweep runs, and every message in flight arrives."""
+        self._a_round()
+
+    @rule(index=st.integers(0, PHOTOS - 1), rounds=st.integers(1, 4))
+    def the_original_cannot_be_read_for_a_while(self, index: int, rounds: int) -> None:
+        """S3 fails every read of one photo's original (a throttled prefix, a key's permissions being
+        rotated) for `rounds` rounds of the queue, each an hour passing, a sweep and the photo's
+        messages arriving (the others' wait), then reads it again. Three failed attempts and its job
+        (a first render's, or a backfill's re-render) fails for good and pages: final failures, and
+        what races their letters, come within a few steps."""
+        for _ in range(rounds):
+            self._a_round(unreadable=self.photos[index].photo_id)
+
+    def _a_round(self, *, unreadable: uuid.UUID | None = None) -> None:
+        """Time passes, the sweep runs, and the messages in flight arrive: all of them, or only the
+        unreadable photo's (which fail to read it)."""
+        self.time_passes()
+        self.the_sweep_runs()
+        arriving = [p for p in self.queue.inflight if unreadable in (None, p)]
+        self.queue.inflight = deque(p for p in self.queue.inflight if p not in arriving)
+        for photo_id in arriving:
+            self._arrive(photo_id, ErrorCode.STORAGE_READ_FAILED if photo_id == unreadable else None)
+
+    def _arrive(self, photo_id: uuid.UUID, fault: ErrorCode | None = None) -> Outcome:
+        """A message in flight arrives. One for a deleted photo whose place a new upload took is
+        dropped (what its messages meet after the deletion was tried while it held the place)."""
+        index = self._index(photo_id)
+        return Outcome.IGNORED if index is None else self._deliver(index, fault)
+
+    @precondition(lambda self: any(p.photo_id in self.deleted for p in self.photos))
+    @rule()
+    def a_user_uploads_a_new_photo(self) -> None:
+        """A new photo in a deleted one's place: registered, its original put, its event in flight.
+        (So that photos not yet published, and their first renders' failures, keep coming.)"""
+        index = next(i for i, p in enumerate(self.photos) if p.photo_id in self.deleted)
+        shot = uploads.register(self.engine, STAGE, f"p{len(self.everyone)}.jpg")
+        self._put_original(shot)
+        self.photos[index] = shot
+        self.everyone.append(shot)
+        self.uploads[index] = 1
+        self.tails = {k: v for k, v in self.tails.items() if k[0] != index}
+        self.queue.inflight.append(shot.photo_id)
+
+    def _put_original(self, shot: uploads.Upload) -> None:
+        """The stand-in store reads one original for every key."""
+
     @rule(index=st.integers(0, PHOTOS - 1))
     def an_operator_retries(self, index: int) -> None:
         for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
@@ -503,11 +571,13 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, PHOTOS - 1), act=st.sampled_from(["retry", "rerender"]))
     def the_operator_acts_while_a_letter_is_on_its_way(self, index: int, act: str) -> None:
         """A retry of the photo, or `rerender --all` resumed, commits while some sender (a worker,
-        the sweep) holds a letter: taken back then, it would page for a photo no longer failed."""
+        the sweep) holds the photo's next letter: taken back then, it would page for a photo no
+        longer failed."""
+        photo_id = self.photos[index].photo_id
         if act == "retry":
-            self.queue.during_send = lambda: self.an_operator_retries(index)
+            self.queue.during_send = (photo_id, lambda: self.an_operator_retries(index))
         elif self.version > 1:
-            self.queue.during_send = self.the_operator_resumes_the_backfill
+            self.queue.during_send = (photo_id, self.the_operator_resumes_the_backfill)
 
     @rule()
     def an_operator_redrives(self) -> None:
@@ -697,10 +767,7 @@ class JobStateMachine(RuleBasedStateMachine):
         """With faults gone and time passing, every photo settles: ready or processing_failed."""
         self.queue.refusing = 0
         for _ in range(10):
-            self.time_passes()
-            self.the_sweep_runs()
-            for _ in range(len(self.queue.inflight)):
-                self._deliver(self._index(self.queue.inflight.popleft()), None)
+            self._a_round()
         with self.engine.connect() as connection:
             states = connection.execute(select(Photo.processing_state)).scalars().all()
             jobs = connection.execute(select(PhotoJob.status)).scalars().all()
@@ -739,7 +806,7 @@ class JobStateMachine(RuleBasedStateMachine):
                     f" ({code}) and no letter waiting"
                 )
         # A deleted photo's variants, put by a render that raced its deletion, were purged.
-        for shot in self.photos:
+        for shot in self.everyone:
             if shot.photo_id in self.deleted:
                 assert self._objects_of(shot.photo_id, shot.album_id) == [], (
                     "a deleted photo's objects stayed"
@@ -753,8 +820,9 @@ class JobStateMachine(RuleBasedStateMachine):
         """The letters the dead-letter queue holds now (a redrive removes those it takes up)."""
         return self.queue.letters()
 
-    def _index(self, photo_id: uuid.UUID) -> int:
-        return next(i for i, p in enumerate(self.photos) if p.photo_id == photo_id)
+    def _index(self, photo_id: uuid.UUID) -> int | None:
+        """The place of the photo, None once a new upload took it."""
+        return next((i for i, p in enumerate(self.photos) if p.photo_id == photo_id), None)
 
 
 @pytest.fixture
@@ -814,7 +882,7 @@ class RealHandlerMachine(JobStateMachine):
         # retirements reach the bucket the handler writes.
         self._deploy(self.settings)
         for shot in self.photos:
-            uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL)
+            self._put_original(shot)
         while messages := self.sqs.receive_message(
             QueueUrl=self.queues.dead_letter_url, MaxNumberOfMessages=10
         ).get("Messages", []):
@@ -867,6 +935,9 @@ class RealHandlerMachine(JobStateMachine):
 
     def _object_store(self) -> Any:
         return S3Store(self.s3, REAL_BUCKET)
+
+    def _put_original(self, shot: uploads.Upload) -> None:
+        uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL)
 
     def _deliver_body(self, body: str) -> Outcome:
         """A handed-on upload record, through the real handler. (The outage before it is the first
