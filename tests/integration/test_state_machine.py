@@ -335,11 +335,16 @@ class JobStateMachine(RuleBasedStateMachine):
     def _sequencer(self, index: int, upload: int) -> str:
         return f"{upload:08X}{self.tails.get((index, upload), '')}"
 
-    def _deliver(self, index: int, fault: ErrorCode | str | None, *, upload: int | None = None) -> Outcome:
-        shot = self.photos[index]
+    def _deliver(
+        self, index: int | uploads.Upload, fault: ErrorCode | str | None, *, upload: int | None = None
+    ) -> Outcome:
+        """A message for the photo in place `index` (or for a photo given, perhaps no longer in its
+        place); an upload's event where `upload` is given (only for one in its place)."""
+        shot = self.photos[index] if isinstance(index, int) else index
         self.store.fault = fault
         request = PhotoRequest(shot.photo_id)
         if upload is not None:
+            assert isinstance(index, int)
             mark = Upload(sequencer=self._sequencer(index, upload), etag=f"etag-{upload}")
             request = PhotoRequest(shot.photo_id, parse_original_key(shot.key, STAGE), mark)
         result = self.service.process(request)
@@ -520,13 +525,20 @@ class JobStateMachine(RuleBasedStateMachine):
         """An hour of the queue: time passes, the sweep runs, and every message in flight arrives."""
         self._a_round()
 
-    @rule(index=st.integers(0, PHOTOS - 1), rounds=st.integers(1, 4))
-    def the_original_cannot_be_read_for_a_while(self, index: int, rounds: int) -> None:
+    @rule(
+        index=st.integers(0, PHOTOS - 1),
+        rounds=st.integers(1, 4),
+        meanwhile=st.sampled_from([None, "retry", "rerender"]),
+    )
+    def the_original_cannot_be_read_for_a_while(self, index: int, rounds: int, meanwhile: str | None) -> None:
         """S3 fails every read of one photo's original (a throttled prefix, a key's permissions being
         rotated) for `rounds` rounds of the queue, each an hour passing, a sweep and the photo's
         messages arriving (the others' wait), then reads it again. Three failed attempts and its job
-        (a first render's, or a backfill's re-render) fails for good and pages: final failures, and
-        what races their letters, come within a few steps."""
+        (a first render's, or a backfill's re-render) fails for good and pages: final failures come
+        within a few steps, and with them what an operator who saw the failures does `meanwhile`
+        (a retry of the photo, `rerender --all` resumed) while its letter is on its way."""
+        if meanwhile is not None:
+            self.the_operator_acts_while_a_letter_is_on_its_way(index, meanwhile)
         for _ in range(rounds):
             self._a_round(unreadable=self.photos[index].photo_id)
 
@@ -541,17 +553,14 @@ class JobStateMachine(RuleBasedStateMachine):
             self._arrive(photo_id, ErrorCode.STORAGE_READ_FAILED if photo_id == unreadable else None)
 
     def _arrive(self, photo_id: uuid.UUID, fault: ErrorCode | None = None) -> Outcome:
-        """A message in flight arrives. One for a deleted photo whose place a new upload took is
-        dropped (what its messages meet after the deletion was tried while it held the place)."""
-        index = self._index(photo_id)
-        return Outcome.IGNORED if index is None else self._deliver(index, fault)
+        """A message in flight arrives (one for a deleted photo too)."""
+        return self._deliver(next(p for p in self.everyone if p.photo_id == photo_id), fault)
 
-    @precondition(lambda self: any(p.photo_id in self.deleted for p in self.photos))
-    @rule()
-    def a_user_uploads_a_new_photo(self) -> None:
-        """A new photo in a deleted one's place: registered, its original put, its event in flight.
-        (So that photos not yet published, and their first renders' failures, keep coming.)"""
-        index = next(i for i, p in enumerate(self.photos) if p.photo_id in self.deleted)
+    def _a_new_photo_in_place_of(self, photo_id: uuid.UUID) -> None:
+        """The user uploads a new photo where a deleted one was: registered, its original put, its
+        event in flight (so that photos not yet published, and their first renders' failures, keep
+        coming; the deleted one's messages still arrive)."""
+        index = next(i for i, p in enumerate(self.photos) if p.photo_id == photo_id)
         shot = uploads.register(self.engine, STAGE, f"p{len(self.everyone)}.jpg")
         self._put_original(shot)
         self.photos[index] = shot
@@ -632,7 +641,7 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, PHOTOS - 1))
     def a_user_deletes_the_photo(self, index: int) -> None:
         """In whatever state it is: pending, its worker dead holding it, a retry due, failed with a
-        letter owed, published; its messages stay in flight."""
+        letter owed, published; its messages stay in flight. The user uploads a new one in its place."""
         self._delete(self.photos[index].photo_id)
 
     @rule(index=st.integers(0, PHOTOS - 1))
@@ -648,6 +657,8 @@ class JobStateMachine(RuleBasedStateMachine):
     def _delete(self, photo_id: uuid.UUID) -> None:
         app_uploads.delete(self.engine, self._object_store(), self.settings, photo_id)
         self.deleted.add(photo_id)
+        if any(p.photo_id == photo_id for p in self.photos):
+            self._a_new_photo_in_place_of(photo_id)
 
     def _object_store(self) -> Any:
         return self.store
@@ -820,10 +831,6 @@ class JobStateMachine(RuleBasedStateMachine):
         """The letters the dead-letter queue holds now (a redrive removes those it takes up)."""
         return self.queue.letters()
 
-    def _index(self, photo_id: uuid.UUID) -> int | None:
-        """The place of the photo, None once a new upload took it."""
-        return next((i for i, p in enumerate(self.photos) if p.photo_id == photo_id), None)
-
 
 @pytest.fixture
 def skewed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -891,12 +898,15 @@ class RealHandlerMachine(JobStateMachine):
                     QueueUrl=self.queues.dead_letter_url, ReceiptHandle=message["ReceiptHandle"]
                 )
 
-    def _deliver(self, index: int, fault: ErrorCode | str | None, *, upload: int | None = None) -> Outcome:
-        shot = self.photos[index]
+    def _deliver(
+        self, index: int | uploads.Upload, fault: ErrorCode | str | None, *, upload: int | None = None
+    ) -> Outcome:
+        shot = self.photos[index] if isinstance(index, int) else index
+        assert upload is None or isinstance(index, int)
         body = (
             json.dumps({"photoId": str(shot.photo_id)})
             if upload is None
-            else notification(shot.key, upload, self._sequencer(index, upload))
+            else notification(shot.key, upload, self._sequencer(index, upload))  # type: ignore[arg-type]
         )
         self.sqs.send_message(QueueUrl=self.queues.url, MessageBody=body)
         (message,) = self.sqs.receive_message(
