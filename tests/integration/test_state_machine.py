@@ -332,19 +332,20 @@ class JobStateMachine(RuleBasedStateMachine):
 
     # --- what the world does ------------------------------------------------------------
 
-    def _sequencer(self, index: int, upload: int) -> str:
-        return f"{upload:08X}{self.tails.get((index, upload), '')}"
+    def _sequencer(self, index: int | uploads.Upload, upload: int) -> str:
+        """The `upload`-th upload's sequencer: with its tail for the photo in place `index`."""
+        tail = self.tails.get((index, upload), "") if isinstance(index, int) else ""
+        return f"{upload:08X}{tail}"
 
     def _deliver(
         self, index: int | uploads.Upload, fault: ErrorCode | str | None, *, upload: int | None = None
     ) -> Outcome:
-        """A message for the photo in place `index` (or for a photo given, perhaps no longer in its
-        place); an upload's event where `upload` is given (only for one in its place)."""
+        """A message for the photo in place `index` (or for a photo given, perhaps deleted since); an
+        upload's event where `upload` is given."""
         shot = self.photos[index] if isinstance(index, int) else index
         self.store.fault = fault
         request = PhotoRequest(shot.photo_id)
         if upload is not None:
-            assert isinstance(index, int)
             mark = Upload(sequencer=self._sequencer(index, upload), etag=f"etag-{upload}")
             request = PhotoRequest(shot.photo_id, parse_original_key(shot.key, STAGE), mark)
         result = self.service.process(request)
@@ -536,7 +537,9 @@ class JobStateMachine(RuleBasedStateMachine):
         messages arriving (the others' wait), then reads it again. Three failed attempts and its job
         (a first render's, or a backfill's re-render) fails for good and pages: final failures come
         within a few steps, and with them what an operator who saw the failures does `meanwhile`
-        (a retry of the photo, `rerender --all` resumed) while its letter is on its way."""
+        (a retry of the photo, `rerender --all` resumed) while its letter is on its way (in the
+        real handler's machine, while the sweep sends it: the worker's own letters go to moto's
+        queue, not through the recording one)."""
         if meanwhile is not None:
             self.the_operator_acts_while_a_letter_is_on_its_way(index, meanwhile)
         for _ in range(rounds):
@@ -557,9 +560,9 @@ class JobStateMachine(RuleBasedStateMachine):
         return self._deliver(next(p for p in self.everyone if p.photo_id == photo_id), fault)
 
     def _a_new_photo_in_place_of(self, photo_id: uuid.UUID) -> None:
-        """The user uploads a new photo where a deleted one was: registered, its original put, its
-        event in flight (so that photos not yet published, and their first renders' failures, keep
-        coming; the deleted one's messages still arrive)."""
+        """The user uploads a new photo where a deleted one was: registered, its original put, a job
+        message for it in flight (so that photos not yet published, and their first renders'
+        failures, keep coming; the deleted one's messages still arrive, and a rule sends it more)."""
         index = next(i for i, p in enumerate(self.photos) if p.photo_id == photo_id)
         shot = uploads.register(self.engine, STAGE, f"p{len(self.everyone)}.jpg")
         self._put_original(shot)
@@ -638,6 +641,18 @@ class JobStateMachine(RuleBasedStateMachine):
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, settings)
         self.sweeper = Sweeper(self.engine, self.queue, settings, store=self.store, batch_size=2)
 
+    @precondition(lambda self: bool(self.deleted))
+    @rule(pick=st.integers(0, 20), what=st.sampled_from(["upload", "message", "delete"]), fault=FAULTS)
+    def something_arrives_for_a_deleted_photo(self, pick: int, what: str, fault: ErrorCode | None) -> None:
+        """For a deleted photo: a late upload event (S3 delivers late, a phone retries its upload),
+        a job message, or the user's deletion again (a double click, a retried request)."""
+        gone = [p for p in self.everyone if p.photo_id in self.deleted]
+        shot = gone[pick % len(gone)]
+        if what == "delete":
+            self._delete(shot.photo_id)
+        else:
+            self._deliver(shot, fault, upload=0x99 if what == "upload" else None)
+
     @rule(index=st.integers(0, PHOTOS - 1))
     def a_user_deletes_the_photo(self, index: int) -> None:
         """In whatever state it is: pending, its worker dead holding it, a retry due, failed with a
@@ -657,6 +672,8 @@ class JobStateMachine(RuleBasedStateMachine):
     def _delete(self, photo_id: uuid.UUID) -> None:
         app_uploads.delete(self.engine, self._object_store(), self.settings, photo_id)
         self.deleted.add(photo_id)
+        if self.queue.during_send is not None and self.queue.during_send[0] == photo_id:
+            self.queue.during_send = None  # no letter of it will be sent
         if any(p.photo_id == photo_id for p in self.photos):
             self._a_new_photo_in_place_of(photo_id)
 
@@ -902,11 +919,10 @@ class RealHandlerMachine(JobStateMachine):
         self, index: int | uploads.Upload, fault: ErrorCode | str | None, *, upload: int | None = None
     ) -> Outcome:
         shot = self.photos[index] if isinstance(index, int) else index
-        assert upload is None or isinstance(index, int)
         body = (
             json.dumps({"photoId": str(shot.photo_id)})
             if upload is None
-            else notification(shot.key, upload, self._sequencer(index, upload))  # type: ignore[arg-type]
+            else notification(shot.key, upload, self._sequencer(index, upload))
         )
         self.sqs.send_message(QueueUrl=self.queues.url, MessageBody=body)
         (message,) = self.sqs.receive_message(
