@@ -27,7 +27,7 @@ from photo_publish.events import from_sqs_body
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 from tests.polling import poll_until, process
-from tests.rows import job, photo, published
+from tests.rows import in_state, job, photo, published
 
 MINUTE = timedelta(minutes=1)
 
@@ -419,3 +419,33 @@ def test_the_backfill_dry_run_counts_what_it_marks_and_every_counted_photo_is_re
 
     # THEN every photo the dry run counted was re-rendered
     assert versions(db, photo_ids).count((3, 2)) == dry["photos"]
+
+
+# --- found by the state machine: a new upload meets its job's last attempt lost with its worker ----
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_processed(
+    infra: Infra, db: Engine
+) -> None:
+    """The state machine (issue 21's find runs): a new upload's record reached a job whose third
+    attempt lay with a dead worker; the lost attempts were paged as WORKER_LOST and the photo failed
+    for good, the user's new file never processed (the attempts lost were not this upload's)."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    shot = uploads.register(db, STAGE, "Garden.jpg")
+    an_hour_ago = func.now() - timedelta(hours=1)
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(
+                in_state(status="active", attempt=3, claimed_at=an_hour_ago, attempt_started_at=an_hour_ago)
+            )
+        )
+
+    # WHEN the user uploads a new file, and its notification reaches the process function
+    uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the loss was paged, and the new upload was processed: the photo is published
+    assert (shot.photo_id, "WORKER_LOST") in dead_letters(infra)
+    assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}"

@@ -794,7 +794,8 @@ class JobStateMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """With faults gone and time passing, every photo settles: ready or processing_failed."""
         self.queue.refusing = 0
-        for _ in range(10):
+        # Ten rounds, and one more for each deleted photo: a sweep purges a batch of tombstones a run.
+        for _ in range(10 + len(self.deleted)):
             self._a_round()
         with self.engine.connect() as connection:
             states = connection.execute(select(Photo.processing_state)).scalars().all()

@@ -254,7 +254,14 @@ class PhotoService:
             case NotClaimable(retry_in=retry_in):
                 return Result(Outcome.RETRY, photo.id, retry_in=retry_in)
             case Exhausted(attempt=attempt):
-                return self._failures.final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
+                lost = self._failures.final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
+                # The record may carry an upload newer than the attempts lost (a new file arrived
+                # while the last worker lay dead): with their loss paged, it reopens the job as any
+                # newer upload reopens a failed one, else the new file is never processed.
+                reopened = request.upload is not None and self._repository.ensure_job(
+                    photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
+                )
+                return self._claim(photo, request) if reopened else lost
         return Result(Outcome.SKIPPED, photo.id)
 
     def _render_and_publish(
