@@ -530,8 +530,11 @@ class JobStateMachine(RuleBasedStateMachine):
         index=st.integers(0, PHOTOS - 1),
         rounds=st.integers(1, 4),
         meanwhile=st.sampled_from([None, "retry", "rerender"]),
+        answered=st.booleans(),
     )
-    def the_original_cannot_be_read_for_a_while(self, index: int, rounds: int, meanwhile: str | None) -> None:
+    def the_original_cannot_be_read_for_a_while(
+        self, index: int, rounds: int, meanwhile: str | None, answered: bool
+    ) -> None:
         """S3 fails every read of one photo's original (a throttled prefix, a key's permissions being
         rotated) for `rounds` rounds of the queue, each an hour passing, a sweep and the photo's
         messages arriving (the others' wait), then reads it again. Three failed attempts and its job
@@ -539,11 +542,14 @@ class JobStateMachine(RuleBasedStateMachine):
         within a few steps, and with them what an operator who saw the failures does `meanwhile`
         (a retry of the photo, `rerender --all` resumed) while its letter is on its way (in the
         real handler's machine, while the sweep sends it: the worker's own letters go to moto's
-        queue, not through the recording one)."""
+        queue, not through the recording one). If `answered`, the on-call then answers the page
+        with the runbook's `redrive`."""
         if meanwhile is not None:
             self.the_operator_acts_while_a_letter_is_on_its_way(index, meanwhile)
         for _ in range(rounds):
             self._a_round(unreadable=self.photos[index].photo_id)
+        if answered:
+            self._redrive()
 
     def _a_round(self, *, unreadable: uuid.UUID | None = None) -> None:
         """Time passes, the sweep runs, and the messages in flight arrive: all of them, or only the
