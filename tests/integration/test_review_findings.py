@@ -23,7 +23,9 @@ from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap, operator
 from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import from_sqs_body
+from photo_publish.publish.repository import PhotoRepository
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 from tests.polling import poll_until, process
@@ -449,3 +451,40 @@ def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_proces
     # THEN the loss was paged, and the new upload was processed: the photo is published
     assert (shot.photo_id, "WORKER_LOST") in dead_letters(infra)
     assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}"
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_comes_back_while_the_losss_letter_is_held(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, when the reopen is refused because the loss's letter is held (sent, but the write
+    that settles it failed): the record was acknowledged and the new file never processed."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    infra.configure(stale_after_seconds=2)  # a held letter's lease: the record comes back after it
+    shot = uploads.register(db, STAGE, "Garden.jpg")
+    an_hour_ago = func.now() - timedelta(hours=1)
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(
+                in_state(status="active", attempt=3, claimed_at=an_hour_ago, attempt_started_at=an_hour_ago)
+            )
+        )
+    # ... and the database refuses the write that settles the loss's letter, once
+    settle = PhotoRepository.dead_letter_sent
+    calls: list[int] = []
+
+    def refused_once(self: PhotoRepository, letters: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise PhotoError(ErrorCode.DATABASE_UNAVAILABLE, "injected")
+        settle(self, letters)
+
+    monkeypatch.setattr(PhotoRepository, "dead_letter_sent", refused_once)
+
+    # WHEN the user uploads a new file; its notification comes back until the letter's lease passed
+    uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the new upload was processed
+    assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}, queued {queued(infra)}"

@@ -170,9 +170,9 @@ class PhotoRepository:
 
     def ensure_job(
         self, photo_id: UUID, *, upload: Upload | None = None, lease_seconds: int = STALE_AFTER_SECONDS
-    ) -> bool:
+    ) -> None:
         """The photo's job, created if the photo exists; a newer upload of its original reopens a
-        failed job (True if it did), and the newest upload that reached the job is remembered.
+        failed job, and the newest upload that reached the job is remembered.
 
         A duplicate of an event, or its redelivery after a crash, announces the same upload and
         reopens nothing (an input that crashes its worker would otherwise loop: worker lost, dead
@@ -180,12 +180,10 @@ class PhotoRepository:
         """
         with self._transaction() as connection:
             machine.ensure(connection, photo_id)
-            if upload is None:
-                return False
-            if machine.reopen(connection, photo_id, upload, lease_seconds=lease_seconds):
-                return True
-            machine.note_upload(connection, photo_id, upload)
-            return False
+            if upload is not None and not machine.reopen(
+                connection, photo_id, upload, lease_seconds=lease_seconds
+            ):
+                machine.note_upload(connection, photo_id, upload)
 
     def claim(self, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
         """A due pending job, or a stale active one with attempts left; else why not."""

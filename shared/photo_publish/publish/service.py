@@ -254,15 +254,21 @@ class PhotoService:
             case NotClaimable(retry_in=retry_in):
                 return Result(Outcome.RETRY, photo.id, retry_in=retry_in)
             case Exhausted(attempt=attempt):
-                lost = self._failures.final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
-                # The record may carry an upload newer than the attempts lost (a new file arrived
-                # while the last worker lay dead): with their loss paged, it reopens the job as any
-                # newer upload reopens a failed one, else the new file is never processed.
-                reopened = request.upload is not None and self._repository.ensure_job(
-                    photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
-                )
-                return self._claim(photo, request) if reopened else lost
+                return self._worker_lost(photo, request, attempt)
         return Result(Outcome.SKIPPED, photo.id)
+
+    def _worker_lost(self, photo: PhotoRow, request: PhotoRequest, attempt: int) -> int | Result:
+        """The job's last attempt lay with a dead worker: it fails for good (WORKER_LOST, a page).
+
+        The record may carry an upload newer than the attempts lost (a new file arrived while the
+        worker lay dead): now that the job is failed, that upload reopens it as it reopens any
+        failed one, or the record comes back while the loss's letter is held; else the new file
+        would never be processed. The same upload reopens nothing (answered as a duplicate)."""
+        lost = self._failures.final_failure(photo.id, attempt, PhotoError(ErrorCode.WORKER_LOST))
+        if request.upload is None:
+            return lost
+        again = self._claim(photo, request)
+        return lost if isinstance(again, Result) and again.outcome is Outcome.DUPLICATE else again
 
     def _render_and_publish(
         self, photo: PhotoRow, attempt: int, remaining: Remaining, claim_seconds: float, *, alone: bool
