@@ -98,7 +98,9 @@ def test_every_variant_is_put_at_once_and_all_finish_before_the_commit(infra: In
     assert kinds == {"thumb", "browse", "w640-webp", "w1280-webp"}
     assert [event for event, _ in store.events] == ["start"] * len(kinds) + ["end"] * len(kinds)
     assert repository.at_commit is not None and len(repository.at_commit) == 2 * len(kinds)
-    assert result.steps is not None and result.steps.store < 0.55
+    # (and the store step took less than the puts one after another would: a loaded machine's
+    # threads start late, so no tighter bound than that)
+    assert result.steps is not None and result.steps.store < len(kinds) * 0.3
 
 
 @pytest.mark.parametrize("failing", ["thumb", "browse"])
