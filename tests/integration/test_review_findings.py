@@ -426,13 +426,8 @@ def test_the_backfill_dry_run_counts_what_it_marks_and_every_counted_photo_is_re
 # --- found by the state machine: a new upload meets its job's last attempt lost with its worker ----
 
 
-def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_processed(
-    infra: Infra, db: Engine
-) -> None:
-    """The state machine (issue 21's find runs): a new upload's record reached a job whose third
-    attempt lay with a dead worker; the lost attempts were paged as WORKER_LOST and the photo failed
-    for good, the user's new file never processed (the attempts lost were not this upload's)."""
-    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+def last_attempt_lost(db: Engine) -> uploads.Upload:
+    """A registered photo whose three attempts died with their workers, the last one's claim stale."""
     shot = uploads.register(db, STAGE, "Garden.jpg")
     an_hour_ago = func.now() - timedelta(hours=1)
     with db.begin() as c:
@@ -443,6 +438,17 @@ def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_proces
                 in_state(status="active", attempt=3, claimed_at=an_hour_ago, attempt_started_at=an_hour_ago)
             )
         )
+    return shot
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_processed(
+    infra: Infra, db: Engine
+) -> None:
+    """The state machine (issue 21's find runs): a new upload's record reached a job whose third
+    attempt lay with a dead worker; the lost attempts were paged as WORKER_LOST and the photo failed
+    for good, the user's new file never processed (the attempts lost were not this upload's)."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    shot = last_attempt_lost(db)
 
     # WHEN the user uploads a new file, and its notification reaches the process function
     uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
@@ -460,16 +466,7 @@ def test_a_new_upload_that_finds_the_last_attempt_lost_comes_back_while_the_loss
     that settles it failed): the record was acknowledged and the new file never processed."""
     # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
     infra.configure(stale_after_seconds=2)  # a held letter's lease: the record comes back after it
-    shot = uploads.register(db, STAGE, "Garden.jpg")
-    an_hour_ago = func.now() - timedelta(hours=1)
-    with db.begin() as c:
-        c.execute(
-            update(PhotoJob)
-            .where(PhotoJob.photo_id == shot.photo_id)
-            .values(
-                in_state(status="active", attempt=3, claimed_at=an_hour_ago, attempt_started_at=an_hour_ago)
-            )
-        )
+    shot = last_attempt_lost(db)
     # ... and the database refuses the write that settles the loss's letter, once
     settle = PhotoRepository.dead_letter_sent
     calls: list[int] = []
