@@ -153,9 +153,9 @@ class Planned:
     photo_id: UUID
     album_id: UUID
     uploaded_at: float | None = None
-    # When its current bytes were put (taken just before the put, so never after S3's event time):
-    # a copy of that put's notification carries it, as S3's own redelivery would.
-    put_at: float | None = None
+    # Its current put's S3 notification as first sent: a redelivery sends these very bytes (S3's
+    # copies are identical; one stamped even a millisecond apart reads as another upload).
+    notified: str | None = None
     targeted: bool = False
     deleted: float | None = None  # when its deletion committed (expected is then "deleted")
     actions: list[tuple[float, str]] = field(default_factory=list)
@@ -584,9 +584,8 @@ def _event_time(at: float) -> str:
 
 
 def notification(bucket: str, planned: Planned) -> str:
-    """A second delivery of the original's S3 event notification: its key, size and eTag (the MD5 S3
-    gives a single-part upload), the time of its put (a copy stamped later would read as a newer
-    upload, which S3 never sends), and, like moto's own, no sequencer."""
+    """The original's S3 event notification, as moto's own: its key, size and eTag (the MD5 S3 gives
+    a single-part upload), the time it is sent, and no sequencer."""
     from urllib.parse import quote_plus
 
     data = planned.data or b""
@@ -598,7 +597,7 @@ def notification(bucket: str, planned: Planned) -> str:
                     "eventVersion": "2.1",
                     "eventSource": "aws:s3",
                     "awsRegion": stack.REGION,
-                    "eventTime": _event_time(planned.put_at or time.time()),
+                    "eventTime": _event_time(time.time()),
                     "eventName": "ObjectCreated:Put",
                     "s3": {
                         "s3SchemaVersion": "1.0",
@@ -811,7 +810,11 @@ class Run:
             max_receive_count=REDRIVE_RECEIVES,
             visibility_timeout=self.config.visibility,
         )
-        stack.create_bucket(s3, self.bucket, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        if stack.localstack():
+            stack.create_bucket(s3, self.bucket, queue_arn=queues.arn, originals_prefix=f"{STAGE}/originals/")
+        else:
+            # On moto the harness sends each put's notification itself (Run.put), to copy it exactly.
+            s3.create_bucket(Bucket=self.bucket)
         stack.drop_test_events(sqs, queues.url)
         # The functions reach the database through a gate the harness can shut (an outage); the
         # harness itself, the upload API and the operator go around it.
@@ -949,7 +952,7 @@ class Run:
 
     def upload(self, photos: list[Planned], parts: Parts) -> None:
         """What users and the upload API do, at a steady rate; the fleet tended in between."""
-        database, s3, proxy, fleet = parts.database, parts.s3, parts.proxy, parts.fleet
+        database, proxy, fleet = parts.database, parts.proxy, parts.fleet
         started = time.monotonic()
         late: list[tuple[float, Planned]] = []
         for index, planned in enumerate(photos):
@@ -961,13 +964,13 @@ class Run:
                 proxy.call("curse", keys=[planned.key])
                 planned.did("cursed: every GetObject of its original fails until the drain")
             if planned.kind == "early_original":
-                self.put(s3, planned)
+                self.put(parts, planned)
                 late.append((time.monotonic() + self.rng.uniform(0.2, 1.5), planned))
                 continue
             register(database, planned)
             planned.did("registered")
             if planned.data is not None:
-                self.put(s3, planned)
+                self.put(parts, planned)
             if index and index % 200 == 0:
                 self.say(f"uploaded {index}/{len(photos)}")
         while late:
@@ -982,12 +985,16 @@ class Run:
                 register(database, planned)
                 planned.did("registered, after its original")
 
-    def put(self, s3: Any, planned: Planned) -> None:
+    def put(self, parts: Parts, planned: Planned, what: str = "original uploaded") -> None:
+        """An original put, and on moto its notification sent by the harness (kept for a redelivery
+        to copy: moto's own cannot be read back, and a copy made up later differs in its time)."""
         assert planned.data is not None
-        planned.put_at = time.time()
-        uploads.put_original(s3, self.bucket, planned.key, planned.data)
+        uploads.put_original(parts.s3, self.bucket, planned.key, planned.data)
+        if not stack.localstack():
+            planned.notified = notification(self.bucket, planned)
+            parts.sqs.send_message(QueueUrl=parts.queues.url, MessageBody=planned.notified)
         planned.uploaded_at = planned.uploaded_at or time.time()
-        planned.did("original uploaded")
+        planned.did(what)
 
     def agitate(self, photos: list[Planned], parts: Parts, rng: random.Random) -> None:
         """Database faults, S3 and SQS outages, duplicates and malformed messages, at seeded moments."""
@@ -1038,7 +1045,7 @@ class Run:
                 self.tally.outages[f"{service}:{operation or '*'}:{kind}"] += 1
                 due["outage"] = now + rng.uniform(6, 14)
             if now >= due["duplicate"] and uploaded:
-                self.duplicate(rng.choice(uploaded), rng, sqs, queues)
+                self.duplicate(rng.choice(uploaded), rng, parts)
                 due["duplicate"] = now + rng.uniform(0.5, 1.5) * self.config.duplicate_every
             if now >= due["malformed"] and malformed:
                 name = malformed.pop()
@@ -1114,13 +1121,14 @@ class Run:
                 )
                 if str(photo_id) in candidates
             )
-        s3, _ = stack.clients()
         for photo_id in rng.sample(failed, min(self.config.fixed_uploads_per_outage, len(failed))):
             planned = candidates[photo_id]
             planned.data, planned.expected = rng.choice(self.pool), "ready"
-            planned.put_at = time.time()
-            uploads.put_original(s3, self.bucket, planned.key, planned.data)
-            planned.did("a new picture: a fixed file for its failure, uploaded during a database outage")
+            self.put(
+                parts,
+                planned,
+                "a new picture: a fixed file for its failure, uploaded during a database outage",
+            )
             self.tally.duplicates["fixed file during a database outage"] += 1
 
     def backfill_step(self, step: str, parts: Parts) -> None:
@@ -1202,31 +1210,27 @@ class Run:
                 self.tally.outages["sqs:SendMessage(dlq):error_500 (aimed at a last attempt)"] += 1
                 planned.did(f"aimed: the dead-letter queue refuses sends for {seconds}s (its last attempt)")
 
-    def duplicate(self, planned: Planned, rng: random.Random, sqs: Any, queues: stack.Queues) -> None:
+    def duplicate(self, planned: Planned, rng: random.Random, parts: Parts) -> None:
+        sqs, queues = parts.sqs, parts.queues
         roll = rng.random()
-        if roll < 0.45:
-            sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
-            kind = "job_message"
-        elif roll < 0.8 and not stack.localstack():
-            # (LocalStack's own notifications carry a sequencer a copy cannot repeat: there a copy
-            # would read as a new upload, so its duplicates are job messages.)
-            body = notification(self.bucket, planned)
-            sqs.send_message(QueueUrl=queues.url, MessageBody=body)
+        if 0.45 <= roll < 0.8 and planned.notified is not None:
+            sqs.send_message(QueueUrl=queues.url, MessageBody=planned.notified)
             kind = "s3_notification"
         elif roll < 0.8:
+            # (LocalStack's own notifications, which a copy would have to repeat byte for byte, are
+            # not kept: there its duplicates are job messages.)
             sqs.send_message(QueueUrl=queues.url, MessageBody=json.dumps({"photoId": str(planned.photo_id)}))
             kind = "job_message"
         else:
-            assert planned.data is not None
-            kind = "reupload, the same bytes"  # the same eTag: a redelivery, to the code
+            kind = "reupload, the same bytes"
             if planned.expected == "ready":
                 # Another picture under the same key (the user replaced it): a genuinely new upload,
                 # which may reopen a failed job.
                 planned.data = rng.choice([p for p in self.pool if p != planned.data])
                 kind = "reupload, a new picture"
-            s3, _ = stack.clients()
-            planned.put_at = time.time()
-            uploads.put_original(s3, self.bucket, planned.key, planned.data)
+            self.put(parts, planned, f"duplicate: {kind}")
+            self.tally.duplicates[kind] += 1
+            return
         self.tally.duplicates[kind] += 1
         planned.did(f"duplicate: {kind}")
 
