@@ -584,8 +584,9 @@ def _event_time(at: float) -> str:
 
 
 def notification(bucket: str, planned: Planned) -> str:
-    """The original's S3 event notification, as moto's own: its key, size and eTag (the MD5 S3 gives
-    a single-part upload), the time it is sent, and no sequencer."""
+    """The original's S3 event notification, as S3 writes one (the key form-encoded, "/" kept; moto's
+    own encode "/" as well, and the conftest's tests read those): its key, size and eTag (the MD5 S3
+    gives a single-part upload), the time it is sent, and, like moto's, no sequencer."""
     from urllib.parse import quote_plus
 
     data = planned.data or b""

@@ -1,8 +1,9 @@
 """The soak, short: a few hundred photos under chaos, through every real part, and not one broken promise.
 
 devkit.soak runs the real process handler in worker processes (devkit's poller, as Lambda feeds it)
-and the real sweep in two more, over moto's server behind a fault proxy and an embedded PostgreSQL
-of its own (it is restarted once; with DATABASE_URL, that server's sessions are ended instead); workers are SIGKILLed at every stage, sessions terminated,
+and the real sweep in two more, over moto's server behind a fault proxy (the harness sends each
+upload's S3 notification itself, so that a duplicate repeats it byte for byte) and an embedded
+PostgreSQL of its own (it is restarted once; with DATABASE_URL, that server's sessions are ended instead); workers are SIGKILLed at every stage, sessions terminated,
 messages duplicated. `make soak` is the long version. A failure prints SOAK_SEED and each
 violating photo's history; SOAK_SEED=<n> replays the same schedule.
 """
