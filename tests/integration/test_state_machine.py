@@ -551,6 +551,36 @@ class JobStateMachine(RuleBasedStateMachine):
         if answered:
             self._redrive()
 
+    @precondition(lambda self: bool(self._behind()))
+    @rule(
+        pick=st.integers(0, 20),
+        meanwhile=st.sampled_from([None, "retry", "rerender"]),
+        answered=st.booleans(),
+    )
+    def a_rerender_cannot_read_the_original(self, pick: int, meanwhile: str | None, answered: bool) -> None:
+        """The same, for a published photo a backfill marked (its re-render not failed yet): the
+        re-render fails for good within the step (SPEC 16 (4): it pages, the photo stays published).
+        The rule above reaches this only where a publish, a deploy and three rounds on that photo
+        meet by chance."""
+        places = self._behind()
+        self.the_original_cannot_be_read_for_a_while(places[pick % len(places)], 3, meanwhile, answered)
+
+    def _behind(self) -> list[int]:
+        """The places of published photos a backfill marked whose re-render has not failed yet."""
+        with self.engine.connect() as connection:
+            behind = set(
+                connection.scalars(
+                    select(Photo.id)
+                    .join(PhotoJob, PhotoJob.photo_id == Photo.id)
+                    .where(
+                        Photo.processing_state == "ready",
+                        PhotoJob.rerender_to.is_not(None),
+                        PhotoJob.status != "failed",
+                    )
+                )
+            )
+        return [i for i, shot in enumerate(self.photos) if shot.photo_id in behind]
+
     def _a_round(self, *, unreadable: uuid.UUID | None = None) -> None:
         """Time passes, the sweep runs, and the messages in flight arrive: all of them, or only the
         unreadable photo's (which fail to read it)."""
