@@ -54,13 +54,18 @@ def test_s3_calls_take_aws_latencies_and_bodies_its_bandwidth(proxy: RunningProx
     body = os.urandom(4_000_000)
     s3.put_object(Bucket=BUCKET, Key=key, Body=body)  # warm: the connection
 
-    # WHEN it is put, got (first byte, then whole), and a small one put
+    # WHEN it is got (first byte, then whole) and a small one put, the quietest of three each (a
+    # busy machine's one slow call is not the proxy's)
+    def get() -> tuple[float, float]:
+        started = time.perf_counter()
+        stream = s3.get_object(Bucket=BUCKET, Key=key)["Body"]
+        first = time.perf_counter() - started
+        assert stream.read() == body
+        return first, time.perf_counter() - started
+
     put = min(timed(lambda: s3.put_object(Bucket=BUCKET, Key=key + "x", Body=b"v")) for _ in range(3))
-    started = time.perf_counter()
-    stream = s3.get_object(Bucket=BUCKET, Key=key)["Body"]
-    first = time.perf_counter() - started
-    assert stream.read() == body
-    whole = time.perf_counter() - started
+    firsts, wholes = zip(*(get() for _ in range(3)), strict=True)
+    first, whole = min(firsts), min(wholes)
 
     # THEN each takes its latency (and the body 4 MB at 100 MB/s: 40 ms), not much more
     assert PUT <= put < PUT + SLACK
