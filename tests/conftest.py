@@ -28,7 +28,8 @@ EVENTS = Path(__file__).parent / "events"
 STAGE = "dev"
 BUCKET = "photo-publish-test"
 TABLES = (
-    "photos, photo_variants, photo_jobs, outbox_events, variant_recipes, retired_variants, deleted_photos"
+    "photos, photo_variants, photo_jobs, outbox_events, variant_recipes, retired_variants, deleted_photos,"
+    " albums, album_members, cdn_invalidations"
 )
 
 

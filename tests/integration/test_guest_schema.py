@@ -35,6 +35,9 @@ TABLES = {
     "retired_variants",
     "deleted_photos",
     "variant_recipes",
+    "albums",
+    "album_members",
+    "cdn_invalidations",
 }
 
 

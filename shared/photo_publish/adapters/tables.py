@@ -242,6 +242,39 @@ deleted_photos = Table(
     Index("deleted_photos_purged_idx", "purged_at", postgresql_where=text("purged_at IS NOT NULL")),
 )
 
+# Albums under a JWT authorizer (migration 0013, SPEC 19): the user who first registered into one
+# owns it; the backend shares it with members, who may register into it too.
+albums = Table(
+    "albums",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("owner <> ''", name="albums_owner_check"),
+)
+
+album_members = Table(
+    "album_members",
+    metadata,
+    Column("album_id", Uuid, ForeignKey("albums.id", ondelete="CASCADE"), primary_key=True),
+    Column("member", Text, primary_key=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("member <> ''", name="album_members_member_check"),
+)
+
+# CDN paths still to invalidate (migration 0013, SPEC 19): a deleted, hidden or rejected photo's
+# variants, one wildcard path a photo; the sweep sends them in batches and retries refusals.
+cdn_invalidations = Table(
+    "cdn_invalidations",
+    metadata,
+    Column("path", Text, primary_key=True),
+    Column("requested_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_try_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("attempts >= 0", name="cdn_invalidations_attempts_check"),
+    Index("cdn_invalidations_due_idx", "next_try_at"),
+)
+
 outbox_events = Table(
     "outbox_events",
     metadata,
