@@ -96,12 +96,12 @@ class Sweeper:
         batch_size: int = 500,
         cdn: invalidations.Invalidator | None = None,
     ) -> None:
-        self._cdn = cdn
         self._engine = engine
         self._queue = queue
         self._settings = settings
         self._store = store
         self._batch_size = batch_size
+        self._cdn = cdn
 
     def run(self, remaining: Remaining = forever, *, reserve_seconds: float = 10.0) -> SweepSummary:
         """Sweep in bounded batches until nothing is due or the time budget is spent."""
