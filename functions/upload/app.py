@@ -92,7 +92,7 @@ def status(photo_id: str) -> Response[str]:
 def delete(photo_id: str) -> Response[str]:
     settings = bootstrap.settings()
     store = S3Store(bootstrap.s3_client(), settings.photo_bucket)
-    if not uploads.delete(bootstrap.engine(), store, settings, photo_id, owner=_user()):
+    if not uploads.delete(bootstrap.engine(), store, settings, photo_id, owner=_user(), cdn=bootstrap.cdn()):
         return _not_found()
     logger.info("photo deleted", photo_id=photo_id)
     return _answer(HTTPStatus.NO_CONTENT)

@@ -27,18 +27,20 @@ from photo_publish.settings import InvalidSettings, Settings
 
 if TYPE_CHECKING:
     from aws_lambda_powertools import Metrics
+    from mypy_boto3_cloudfront import CloudFrontClient
     from mypy_boto3_events import EventBridgeClient
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_secretsmanager import SecretsManagerClient
     from mypy_boto3_sqs import SQSClient
 
+    from photo_publish.adapters.cdn import CloudFrontCdn
     from photo_publish.jobs.sweep import Sweeper
     from photo_publish.outbox.relay import Relay
     from photo_publish.publish.delivery import ConcurrentBatchProcessor, Delivery
     from photo_publish.serving import SigningKey
 
 # boto3 reads AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS /
-# AWS_ENDPOINT_URL_EVENTBRIDGE itself (LocalStack, MinIO, a local server), so nothing here knows
+# AWS_ENDPOINT_URL_EVENTBRIDGE / AWS_ENDPOINT_URL_CLOUDFRONT itself (LocalStack, MinIO, a local server), so nothing here knows
 # about endpoints.
 _CLIENT_CONFIG = Config(
     retries={"mode": "standard", "max_attempts": 3},
@@ -127,6 +129,27 @@ def secrets_client() -> SecretsManagerClient:
 
 
 @_Once
+def cloudfront_client() -> CloudFrontClient:
+    """A deletion's invalidation: one short try, within the upload function's 10 s (the sweep sends
+    what it could not)."""
+    return session().client(
+        "cloudfront",
+        config=_CLIENT_CONFIG.merge(
+            Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=4)
+        ),
+    )
+
+
+@_Once
+def cdn() -> CloudFrontCdn | None:
+    """The distribution's invalidations (SPEC 19); None without CDN_DISTRIBUTION_ID: no CDN."""
+    from photo_publish.adapters.cdn import CloudFrontCdn
+
+    distribution = settings().cdn_distribution_id
+    return CloudFrontCdn(cloudfront_client(), distribution) if distribution else None
+
+
+@_Once
 def cdn_signing_key() -> SigningKey:
     """Private albums' key (photo_publish.serving): its private half read from Secrets Manager once
     per container, never written anywhere else."""
@@ -206,7 +229,7 @@ def sweeper() -> Sweeper:
     from photo_publish.jobs.sweep import Sweeper
 
     config = settings()
-    return Sweeper(engine(), queue(), config, store=S3Store(s3_client(), config.photo_bucket))
+    return Sweeper(engine(), queue(), config, store=S3Store(s3_client(), config.photo_bucket), cdn=cdn())
 
 
 def reset() -> None:
@@ -219,6 +242,8 @@ def reset() -> None:
         events_client,
         handoff_events_client,
         secrets_client,
+        cloudfront_client,
+        cdn,
         cdn_signing_key,
         engine,
         queue,

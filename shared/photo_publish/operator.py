@@ -33,6 +33,7 @@ from photo_publish.adapters.tables import deleted_photos
 from photo_publish.events import MalformedMessage, from_sqs_body
 from photo_publish.jobs import machine
 from photo_publish.keys import MalformedKey, parse_uuid
+from photo_publish.observability import logger
 from photo_publish.settings import STALE_AFTER_SECONDS, Settings
 
 if TYPE_CHECKING:
@@ -291,16 +292,29 @@ def main(argv: Sequence[str] | None = None) -> None:
 def delete_photos(photo_ids: Sequence[UUID], album_id: UUID | None) -> list[UUID]:
     """Delete the named photos, or an album's; the ids deleted (unknown ones are not)."""
     from photo_publish import bootstrap, uploads
+    from photo_publish.jobs import invalidations
 
     engine, settings = bootstrap.engine(), bootstrap.settings()
     chosen = list(photo_ids)
-    if album_id is not None:
-        with engine.connect() as connection:
+    with engine.connect() as connection:
+        if album_id is not None:
             chosen += connection.scalars(select(Photo.id).where(Photo.album_id == album_id)).all()
+        found = connection.execute(select(Photo.id, Photo.album_id).where(Photo.id.in_(chosen)))
+        albums = {row.id: row.album_id for row in found}
     store = S3Store(bootstrap.s3_client(), settings.photo_bucket)
-    return [
+    deleted = [
         photo_id for photo_id in dict.fromkeys(chosen) if uploads.delete(engine, store, settings, photo_id)
     ]
+    cdn = bootstrap.cdn()
+    if cdn is not None and deleted:
+        # One call for them all once their objects are gone, not one a photo: an album erasure is
+        # the album's one path (what this call could not send, the sweep sends).
+        paths = [invalidations.photo_path(settings.stage, albums[p], p) for p in deleted if p in albums]
+        sent = invalidations.send_invalidations(engine, cdn, paths=paths)
+        logger.info(
+            "cdn paths sent", invalidated=sent.invalidated, left_to_sweep=len(paths) - sent.invalidated
+        )
+    return deleted
 
 
 def _rerender(

@@ -42,6 +42,17 @@ _EVENT_BUS = (
 )
 
 
+def _distribution_id() -> dict[str, _Rule]:
+    # CreateInvalidation takes the id alone: an ARN or the distribution's domain pasted instead would
+    # fail every deletion's call, so it fails the cold start.
+    def rule(value: str) -> str | None:
+        if re.fullmatch(r"[^\s/:.]*", value):
+            return None
+        return "must be a distribution's id (E2QWRUHAPOMQZL), not its ARN or domain name"
+
+    return {"rule": rule}
+
+
 def _ladder() -> dict[str, _Rule]:
     def rule(widths: tuple[int, ...]) -> str | None:
         if any(width < 16 for width in widths):
@@ -123,6 +134,9 @@ class Settings:
     # the Secrets Manager secret holding its private half (PEM) that signs an album's cookies.
     cdn_key_pair_id: str = field(default="", metadata=_pattern(r"[A-Z0-9]*"))
     cdn_private_key_secret_arn: str | None = None
+    # The distribution serving the variants (SPEC 19): a deletion invalidates the photo's variants
+    # path there (photo_publish.jobs.invalidations). Empty, there is no CDN and nothing to invalidate.
+    cdn_distribution_id: str = field(default="", metadata=_distribution_id())
     # A deleted photo's tombstone is kept this long: an event for it arriving later (the queue keeps
     # messages up to 14 days) is acknowledged, not retried until it pages.
     tombstone_retention_days: int = field(default=14, metadata=_between(1))

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from photo_publish.adapters.tables import photo_jobs, photo_variants, photos
 from photo_publish.errors import ErrorCode
-from photo_publish.jobs import machine
+from photo_publish.jobs import invalidations, machine
 from photo_publish.keys import (
     FIXED_KINDS,
     MalformedKey,
@@ -28,6 +29,7 @@ from photo_publish.keys import (
     parse_uuid,
     photo_prefixes,
 )
+from photo_publish.observability import logger
 from photo_publish.outbox import writer
 from photo_publish.publish.transaction import capture_of
 from photo_publish.settings import Settings
@@ -223,13 +225,20 @@ def _variant(row: Any, base: str) -> dict[str, Any]:
 
 
 def delete(
-    engine: Engine, s3_store: Any, settings: Settings, photo_id: str | UUID, *, owner: str | None = None
+    engine: Engine,
+    s3_store: Any,
+    settings: Settings,
+    photo_id: str | UUID,
+    *,
+    owner: str | None = None,
+    cdn: invalidations.Invalidator | None = None,
 ) -> bool:
     """The photo leaves the product everywhere the product put it: its rows and waiting events at
-    once (with a `photo.deleted` event), then its original and every variant of every version. A
-    render that raced it commits nothing; objects it may have put meanwhile are purged by the sweep
-    once no worker can still hold the photo (STALE_AFTER_SECONDS). False for an unknown photo, or,
-    given an `owner`, for one that user did not register."""
+    once (with a `photo.deleted` event), then its original and every variant of every version, then
+    the CDN's copies (with CDN_DISTRIBUTION_ID: its variants path, sent through `cdn` at once, else
+    or if refused by the sweep). A render that raced it commits nothing; objects it may have put
+    meanwhile are purged by the sweep once no worker can still hold the photo (STALE_AFTER_SECONDS).
+    False for an unknown photo, or, given an `owner`, for one that user did not register."""
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
@@ -239,6 +248,26 @@ def delete(
         if deleted is None:
             return False
         writer.append_deleted(connection, deleted)
+        path = invalidations.photo_path(settings.stage, deleted.album_id, photo_uuid)
+        if settings.cdn_distribution_id:
+            invalidations.request_invalidations(connection, [path])
     # Best effort now; the sweep's purge deletes whatever this could not.
-    s3_store.delete_under(photo_prefixes(settings.stage, deleted.album_id, photo_uuid))
+    removed = s3_store.delete_under(photo_prefixes(settings.stage, deleted.album_id, photo_uuid))
+    if settings.cdn_distribution_id:
+        _invalidate(engine, settings, cdn, path, removed=removed)
     return True
+
+
+def _invalidate(
+    engine: Engine, settings: Settings, cdn: invalidations.Invalidator | None, path: str, *, removed: bool
+) -> None:
+    """Best effort after the commit: the sweep sends the path if this could not."""
+    try:
+        if not removed:
+            # Invalidated while S3 still holds the objects, an edge could fetch them again: the
+            # path waits for the sweep's purge instead.
+            invalidations.defer_invalidations(engine, [path], settings.purge_delay.total_seconds())
+        elif cdn is not None:
+            invalidations.send_invalidations(engine, cdn, paths=[path])
+    except SQLAlchemyError as error:
+        logger.warning("cdn path left to the sweep", path=path, reason=type(error).__name__)

@@ -15,14 +15,16 @@ from sqlalchemy import Engine, func, insert, select, update
 
 from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext, Poller
-from photo_publish import bootstrap
+from photo_publish import bootstrap, operator
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
+from photo_publish.adapters.tables import cdn_invalidations
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs.sweep import Sweeper
 from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
+from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
 from tests.rows import in_state
@@ -342,3 +344,81 @@ def test_a_step_that_fails_is_counted_and_the_rest_of_the_run_goes_on(
     (metrics,) = [m for m in emitted if "Sweep_errors" in m]
     assert metrics["Sweep_errors"] == [1.0] or metrics["Sweep_errors"] == 1.0
     assert (metrics["service"], metrics["stage"]) == ("photo-publish", STAGE)
+
+
+def run_sweep() -> dict[str, Any]:
+    bootstrap.reset()
+    result: dict[str, Any] = handlers.load("sweep").lambda_handler(
+        {"source": "aws.events"}, LambdaContext(timeout_seconds=60)
+    )
+    return result
+
+
+def test_an_invalidation_cloudfront_refused_is_sent_by_a_later_sweep(infra: Infra, db: Engine) -> None:
+    # GIVEN functions told of a distribution CloudFront does not have (NoSuchDistribution), and a
+    # photo deleted meanwhile
+    infra.monkeypatch.setenv("CDN_DISTRIBUTION_ID", "E0NOSUCHDISTRIB")
+    bootstrap.reset()
+    shot = uploads.upload(
+        db, infra.s3, BUCKET, STAGE, file_name="Garden.jpg", data=(samples.IMAGES / "Garden.jpg").read_bytes()
+    )
+    with db.connect() as c:
+        album = c.scalar(select(Photo.album_id).where(Photo.id == shot.photo_id))
+    path = f"/{STAGE}/albums/{album}/variants/{shot.photo_id}/*"
+    operator.main(["delete", str(shot.photo_id)])
+
+    # THEN the deletion's own call was refused: its path waits, one attempt spent, and a sweep at
+    # once leaves it to its backoff
+    assert cdn.waiting(db) == {path: 1}
+    assert run_sweep()["invalidated"] == 0
+    # AND a sweep once it is due is refused too, and counts it: the path still waits
+    with db.begin() as c:
+        c.execute(update(cdn_invalidations).values(next_try_at=ago(MINUTE)))
+    refused = run_sweep()
+    assert (refused["invalidated"], refused["invalidationFailed"]) == (0, 1)
+    assert cdn.waiting(db) == {path: 2}
+    with db.connect() as c:
+        assert c.scalar(select(cdn_invalidations.c.next_try_at > func.now()))
+
+    # WHEN the stack's real distribution is named and the path is due again
+    distribution = cdn.distribution(BUCKET)
+    infra.monkeypatch.setenv("CDN_DISTRIBUTION_ID", distribution)
+    with db.begin() as c:
+        c.execute(update(cdn_invalidations).values(next_try_at=ago(MINUTE)))
+    sent = run_sweep()
+
+    # THEN the sweep sent it: the path is invalidated at the distribution, and waits no more
+    assert (sent["invalidated"], sent["invalidationFailed"]) == (1, 0)
+    assert cdn.invalidations(distribution) == [[path]]
+    assert cdn.waiting(db) == {}
+
+
+def test_the_sweep_sends_waiting_paths_in_calls_of_at_most_15_wildcards(infra: Infra, db: Engine) -> None:
+    # GIVEN paths left over from deletions: two albums' erasures (30 and 20 photos) and 17 single
+    # photos of albums of their own
+    distribution = cdn.distribution(BUCKET)
+    infra.monkeypatch.setenv("CDN_DISTRIBUTION_ID", distribution)
+    erased = [uuid.uuid4(), uuid.uuid4()]
+    singles = [uuid.uuid4() for _ in range(17)]
+
+    def path(album: uuid.UUID) -> str:
+        return f"/{STAGE}/albums/{album}/variants/{uuid.uuid4()}/*"
+
+    rows = [path(erased[0]) for _ in range(30)] + [path(erased[1]) for _ in range(20)]
+    rows += [path(album) for album in singles]
+    with db.begin() as c:
+        c.execute(insert(cdn_invalidations).values([{"path": p, "next_try_at": ago(MINUTE)} for p in rows]))
+
+    # WHEN the sweep runs twice
+    first, second = run_sweep(), run_sweep()
+
+    # THEN each run made one call of at most 15 wildcard paths, an erased album's photos as the
+    # album's one path; every row is covered and gone after the second run
+    calls = cdn.invalidations(distribution)
+    assert len(calls) == 2 and all(len(call) <= 15 for call in calls)
+    paths = {p for call in calls for p in call}
+    assert {f"/{STAGE}/albums/{album}/variants/*" for album in erased} <= paths
+    for row in rows:
+        assert row in paths or row.rsplit("/", 2)[0] + "/*" in paths
+    assert first["invalidated"] + second["invalidated"] == len(rows)
+    assert cdn.waiting(db) == {}

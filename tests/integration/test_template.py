@@ -662,6 +662,7 @@ AWS_CALLS = {
     "cancel_message_move_task": "sqs:CancelMessageMoveTask",
     "get_secret_value": "secretsmanager:GetSecretValue",
     "put_events": "events:PutEvents",
+    "create_invalidation": "cloudfront:CreateInvalidation",
 }
 # What each call touches, named as the template's statements resolve: S3 keys by the key layout,
 # SQS by the queue URL the call passes, the secret by its ARN.
@@ -795,6 +796,8 @@ def _aws_calls(definition: Definition) -> Iterator[tuple[str, str]]:
             yield action, "DeadLetterQueue" if "dead" in queue else "ProcessQueue"
         elif action.startswith("events:"):
             yield action, "EventBus"  # the bus of EVENT_BUS_NAME, the stack's
+        elif action.startswith("cloudfront:"):
+            yield action, "VariantDistribution"  # the distribution of CDN_DISTRIBUTION_ID, the stack's
         else:
             yield action, "DbSecret"
 
@@ -838,6 +841,7 @@ def role_grants(stack: Stack, role: str) -> set[tuple[str, str]]:
         "<ProcessQueue.Arn>": "ProcessQueue",
         "<DeadLetterQueue.Arn>": "DeadLetterQueue",
         "<EventBus.Arn>": "EventBus",
+        "arn:aws:cloudfront::123456789012:distribution/<VariantDistribution>": "VariantDistribution",
         REQUIRED["DbSecretArn"]: "OwnerSecret",
         stack.function("ProcessFunction")["Environment"]["Variables"]["DB_SECRET_ARN"]: "RuntimeSecret",
         stack.params["DbSecretKmsKeyArn"]: "DbSecretKey",
@@ -905,18 +909,20 @@ def test_each_role_grants_exactly_the_aws_calls_its_code_makes(
     assert grants == calls | implied | poller
     if function == "sweep":
         # the sweep reads no photo and writes none (it deletes replaced variants and deleted
-        # photos' objects), and puts nothing on the bus
+        # photos' objects, and invalidates their CDN paths), and puts nothing on the bus
         assert {g for g in grants if g[0].startswith(("s3:", "events:"))} == {
             ("s3:DeleteObject", "variants"),
             ("s3:DeleteObject", "originals"),
             ("s3:ListBucket", "bucket"),
         }
     if function == "upload":
-        # signing originals' uploads, deleting photos, the secret: no queue, no bus, no reading
+        # signing originals' uploads, deleting photos (objects and CDN copies), the secret: no
+        # queue, no bus, no reading
         assert {a for a, _ in grants} == {
             "s3:PutObject",
             "s3:DeleteObject",
             "s3:ListBucket",
+            "cloudfront:CreateInvalidation",
             "secretsmanager:GetSecretValue",
             "kms:Decrypt",
         }

@@ -236,3 +236,53 @@ def test_without_the_cdn_nothing_of_cloudfront_remains(parameters: dict[str, str
     } & set(outputs(stack))
     for name in stack.functions():
         assert "VARIANT_BASE_URL" not in stack.function(name)["Environment"]["Variables"]
+
+
+# The functions that delete photos (the API's DELETE) or send what a deletion left (the sweep).
+ERASERS = {"UploadFunction": "UploadRole", "SweepFunction": "SweepRole"}
+
+
+def invalidation_grants(stack: Stack, role: str) -> list[dict[str, Any]]:
+    return [
+        statement
+        for policy in stack.properties(role)["Policies"]
+        for statement in policy["PolicyDocument"]["Statement"]
+        if "cloudfront" in str(statement["Action"])
+    ]
+
+
+def test_the_functions_that_erase_photos_may_invalidate_the_distribution_and_only_it() -> None:
+    # GIVEN the default stack (the distribution on)
+    stack = Stack()
+
+    # WHEN the functions' environment and roles are read
+    for function, role in ERASERS.items():
+        env = stack.function(function)["Environment"]["Variables"]
+
+        # THEN the deleting functions are told the distribution, and may create its invalidations:
+        # that action on that distribution, nothing else of CloudFront
+        assert env["CDN_DISTRIBUTION_ID"] == "<VariantDistribution>"
+        assert Settings.from_env(env).cdn_distribution_id == "<VariantDistribution>"
+        (statement,) = invalidation_grants(stack, role)
+        assert statement["Action"] == "cloudfront:CreateInvalidation"
+        assert statement["Resource"] == "arn:aws:cloudfront::123456789012:distribution/<VariantDistribution>"
+
+    # AND the others neither know of it nor may touch it
+    for function in set(stack.functions()) - set(ERASERS):
+        assert "CDN_DISTRIBUTION_ID" not in stack.function(function)["Environment"]["Variables"]
+    for role in ("ProcessRole", "RelayRole", "MigrateRole"):
+        assert not invalidation_grants(stack, role)
+
+
+@pytest.mark.parametrize("parameters", [{"Cdn": "false"}, {"SamLocal": "true"}])
+def test_without_the_cdn_no_function_is_told_of_a_distribution_or_may_invalidate_one(
+    parameters: dict[str, str],
+) -> None:
+    stack = Stack(**parameters)
+    for function, role in ERASERS.items():
+        if function not in stack.functions():
+            continue
+        env = stack.function(function)["Environment"]["Variables"]
+        assert "CDN_DISTRIBUTION_ID" not in env
+        assert Settings.from_env(env | {"DATABASE_URL": "postgresql://x"}).cdn_distribution_id == ""
+        assert not invalidation_grants(stack, role)

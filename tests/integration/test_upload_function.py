@@ -15,7 +15,9 @@ from sqlalchemy import Engine
 
 from devkit import handlers
 from devkit.poller import LambdaContext
-from tests.conftest import Infra, load_event
+from photo_publish import bootstrap
+from tests import cdn
+from tests.conftest import BUCKET, STAGE, Infra, load_event
 from tests.integration.test_uploads import JPEG
 from tests.polling import poll_until
 from tests.rows import published
@@ -70,6 +72,30 @@ def test_a_registration_answers_201_with_a_post_that_publishes(infra: Infra, db:
     assert again["statusCode"] == 404
     unknown = call("GET", f"/photos/{photo_id}", "/photos/{photoId}", photoId=str(photo_id))
     assert unknown["statusCode"] == 404
+
+
+def test_a_photo_deleted_through_the_api_leaves_the_cdn_at_once(infra: Infra, db: Engine) -> None:
+    # GIVEN the stack's distribution named to the function (the template's CDN_DISTRIBUTION_ID), and a
+    # published photo whose variants its edges may hold for a year (immutable)
+    distribution = cdn.distribution(BUCKET)
+    infra.monkeypatch.setenv("CDN_DISTRIBUTION_ID", distribution)
+    bootstrap.reset()
+    album = str(uuid.uuid4())
+    answer = register(album, {"fileName": "Garden.jpg", "contentType": "image/jpeg", "size": len(JPEG)})
+    form = json.loads(answer["body"])["upload"]
+    assert requests.post(form["url"], data=form["fields"], files={"file": ("g.jpg", JPEG)}, timeout=30).ok
+    photo_id = uuid.UUID(json.loads(answer["body"])["photoId"])
+    poll_until(infra, published(db, photo_id))
+
+    # WHEN the app deletes it
+    gone = call("DELETE", f"/photos/{photo_id}", "/photos/{photoId}", photoId=str(photo_id))
+
+    # THEN CloudFront was asked, before the answer, to invalidate the photo's variants: one call, one
+    # wildcard path covering every version and size
+    assert gone["statusCode"] == 204
+    assert cdn.invalidations(distribution) == [[f"/{STAGE}/albums/{album}/variants/{photo_id}/*"]]
+    # AND nothing is left for the sweep to send
+    assert cdn.waiting(db) == {}
 
 
 @pytest.mark.parametrize(

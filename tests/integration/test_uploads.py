@@ -8,6 +8,7 @@ LocalStack, which does (tests/localstack).
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from datetime import timedelta
@@ -18,12 +19,13 @@ import requests
 from sqlalchemy import Engine, func, select, update
 
 from devkit import handlers, samples
-from photo_publish import bootstrap, uploads
+from photo_publish import bootstrap, operator, uploads
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import deleted_photos
 from photo_publish.keys import photo_prefixes
 from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
+from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.polling import poll_until
 from tests.rows import published
@@ -201,6 +203,47 @@ def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
     # AND a second deletion is an unknown photo's
     assert not uploads.delete(db, store, infra.settings, registration.photo_id)
     assert uploads.status(db, registration.photo_id) is None
+
+
+def test_an_album_erasure_reaches_the_cdn_in_a_bounded_number_of_calls(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN an album of 200 photos, another album's photo, and the stack's distribution named
+    distribution = cdn.distribution(BUCKET)
+    infra.monkeypatch.setenv("CDN_DISTRIBUTION_ID", distribution)
+    bootstrap.reset()
+    album = uuid.uuid4()
+    photos = [register(infra, db, album_id=str(album)).photo_id for _ in range(200)]
+    other = register(infra, db)
+
+    # WHEN the operator erases the album
+    operator.main(["delete", "--album", str(album)])
+
+    # THEN every photo is deleted, and every one's variants are invalidated at the distribution in a
+    # call or two, not one a photo (CloudFront holds at most 15 wildcard paths in progress)
+    assert len(json.loads(capsys.readouterr().out)["deleted"]) == 200
+    calls = cdn.invalidations(distribution)
+    assert 1 <= len(calls) <= 2, calls
+    paths = {path for call in calls for path in call}
+    assert all(len(call) <= 15 for call in calls)
+    for photo in photos:
+        assert {f"/{STAGE}/albums/{album}/variants/{photo}/*", f"/{STAGE}/albums/{album}/variants/*"} & paths
+    # AND the other album's photo is not touched, and nothing is left for the sweep
+    assert not {p for p in paths if str(other.album_id) in p}
+    assert cdn.waiting(db) == {}
+
+
+def test_without_a_cdn_a_deletion_asks_nothing_of_cloudfront(infra: Infra, db: Engine) -> None:
+    # GIVEN a distribution the functions are not told of (CDN_DISTRIBUTION_ID unset: no CDN)
+    distribution = cdn.distribution(BUCKET)
+    registration = register(infra, db)
+
+    # WHEN the photo is deleted
+    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+
+    # THEN nothing is recorded to invalidate, and CloudFront is not called
+    assert cdn.waiting(db) == {}
+    assert cdn.invalidations(distribution) == []
 
 
 def test_an_upload_event_for_a_deleted_photo_is_acknowledged_not_retried_until_it_pages(

@@ -158,6 +158,30 @@ def test_the_error_names_the_variable_and_the_rule_it_breaks(environ: dict[str, 
     assert str(raised.value) == message
 
 
+def test_the_cdn_is_off_until_a_distribution_is_named() -> None:
+    # GIVEN no CDN_DISTRIBUTION_ID: no CDN, nothing to invalidate
+    assert Settings.from_env(REQUIRED).cdn_distribution_id == ""
+    # WHEN the template names its distribution, THEN the deletions' paths go to it
+    assert Settings.from_env(REQUIRED | {"CDN_DISTRIBUTION_ID": "E2QWRUHAPOMQZL"}).cdn_distribution_id == (
+        "E2QWRUHAPOMQZL"
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "arn:aws:cloudfront::123456789012:distribution/E2QWRUHAPOMQZL",
+        "d111111abcdef8.cloudfront.net",
+        "E2QWRUHAPOMQZL E3",
+    ],
+)
+def test_a_distributions_arn_or_domain_is_no_distribution_id(value: str) -> None:
+    # GIVEN what an operator may paste instead of the id (CreateInvalidation takes the id alone)
+    # WHEN / THEN the functions refuse it at cold start, not at the first deletion
+    with pytest.raises(InvalidSettings, match="CDN_DISTRIBUTION_ID must be a distribution's id"):
+        Settings.from_env(REQUIRED | {"CDN_DISTRIBUTION_ID": value})
+
+
 def test_every_wrong_variable_is_reported_at_once() -> None:
     # GIVEN an environment wrong in three ways
     environ = {"STAGE": "dev", "MAX_ATTEMPTS": "x", "WEBP_EFFORT": "7"}

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, and_, delete, exists, func, or_, select, update
 from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, retired_variants
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
-from photo_publish.jobs import machine
+from photo_publish.jobs import invalidations, machine
 from photo_publish.jobs.machine import OwedLetter, UnknownCode
 from photo_publish.keys import photo_prefixes
 from photo_publish.observability import logger
@@ -50,6 +50,9 @@ class SweepSummary:
     retired_deleted: int = 0
     # Deleted photos whose objects were purged once more (a render may have raced the deletion).
     deleted_purged: int = 0
+    # Deleted photos' CDN paths CloudFront accepted, and those it refused (left for a later run).
+    invalidated: int = 0
+    invalidation_failed: int = 0
     # Rows or steps that could not be handled this run (logged): a bad row never stops the run.
     errors: int = 0
     # The queue held a backlog: due pending rows were left to it.
@@ -68,6 +71,8 @@ class SweepSummary:
             "backfillLeft": self.backfill_left,
             "retiredDeleted": self.retired_deleted,
             "deletedPurged": self.deleted_purged,
+            "invalidated": self.invalidated,
+            "invalidationFailed": self.invalidation_failed,
             "errors": self.errors,
             "backlog": self.backlog,
             "batches": self.batches,
@@ -89,12 +94,14 @@ class Sweeper:
         *,
         store: VariantStore,
         batch_size: int = 500,
+        cdn: invalidations.Invalidator | None = None,
     ) -> None:
         self._engine = engine
         self._queue = queue
         self._settings = settings
         self._store = store
         self._batch_size = batch_size
+        self._cdn = cdn
 
     def run(self, remaining: Remaining = forever, *, reserve_seconds: float = 10.0) -> SweepSummary:
         """Sweep in bounded batches until nothing is due or the time budget is spent."""
@@ -134,6 +141,7 @@ class Sweeper:
             summary.backfill_left = self._step(summary, "backfill left", self._backfill_left) or 0
             summary.retired_deleted = self._step(summary, "retired", self._delete_retired) or 0
             summary.deleted_purged = self._step(summary, "purge deleted", self._purge_deleted) or 0
+            self._step(summary, "invalidate cdn", lambda: self._invalidate_cdn(summary))
         return summary
 
     @staticmethod
@@ -224,6 +232,17 @@ class Sweeper:
                 delete(deleted_photos).where(deleted_photos.c.purged_at < func.now() - retention)
             )
         return len(purged)
+
+    def _invalidate_cdn(self, summary: SweepSummary) -> None:
+        """Send the CDN paths deletions left (their own call refused, never made, or waiting for the
+        purge): one call a run, since CloudFront holds at most 15 wildcard paths in progress."""
+        if self._cdn is None:
+            return
+        sent = invalidations.send_invalidations(self._engine, self._cdn)
+        summary.invalidated += sent.invalidated
+        summary.invalidation_failed += sent.failed
+        if sent.invalidated or sent.failed:
+            logger.info("cdn paths sent", invalidated=sent.invalidated, refused=sent.failed)
 
     def _take_due_pending(self) -> list[UUID]:
         """Stamp and return pending rows that waited SWEEP_AFTER_SECONDS past their due time."""
