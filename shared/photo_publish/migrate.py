@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from photo_publish.adapters.database import configured_url, sqlalchemy_url
-from photo_publish.budget import Remaining, forever
+from photo_publish.budget import Remaining
 from photo_publish.observability import logger
 from photo_publish.settings import Settings
 
@@ -163,9 +163,7 @@ def runtime_role(secret_string: str) -> RuntimeRole:
     return RuntimeRole(secret["username"], secret["password"])
 
 
-def upgrade_as_configured(
-    settings: Settings, read_secret: Callable[[str], str], remaining: Remaining = forever
-) -> str:
+def upgrade_as_configured(settings: Settings, read_secret: Callable[[str], str], remaining: Remaining) -> str:
     """The migrate function's run: the migrations on the configured database with the owner's
     login (DATABASE_URL, or DB_SECRET_ARN + DB_HOST as the engine builds it), in DB_SCHEMA, and the
     runtime role of DB_RUNTIME_SECRET_ARN created and granted when that is set; within `remaining`
@@ -260,10 +258,12 @@ def _stop(worker: threading.Thread, session: Session, url: str) -> str:
         sqlalchemy_url(url),
         poolclass=NullPool,
         isolation_level="AUTOCOMMIT",
-        connect_args={"connect_timeout": STOP_CONNECT_SECONDS, "options": "-c statement_timeout=1000"},
+        connect_args={"connect_timeout": STOP_CONNECT_SECONDS},
     )
     try:
         with stopper.connect() as connection:
+            # A SET, not a startup option: RDS Proxy refuses those (DB_SESSION_OPTIONS).
+            connection.exec_driver_sql("SET statement_timeout = 1000")
             while worker.is_alive() and time.monotonic() < cancel_until:
                 # Again and again: a cancel between two statements finds nothing to cancel, and the
                 # next statement is refused by the session's stop before it is sent.
