@@ -345,6 +345,37 @@ def test_a_migration_that_ignores_its_cancel_has_its_session_ended_before_failed
     assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.stubborn') IS NULL") is True
 
 
+def test_a_migration_stopped_between_two_statements_sends_no_other(
+    fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a database at 0013, a sequence (whose nextval no rollback undoes), and a migration 0014
+    # that pauses on the client between two statements past the function's deadline
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    owner = create_engine(sqlalchemy_url(fresh.url))
+    with owner.begin() as connection:
+        connection.exec_driver_sql("CREATE SEQUENCE public.probe")
+    owner.dispose()
+    with_a_migration(
+        tmp_path,
+        monkeypatch,
+        """
+        op.execute("CREATE TABLE paused (id int)")
+        time.sleep(3)
+        op.execute("SELECT nextval('public.probe')")
+        """,
+    )
+
+    # WHEN CloudFormation's Create comes to a function with 17 s left (1 to migrate)
+    handlers.load("migrate").lambda_handler(request("Create", answers.url()), context(17))
+    (put,) = answers.wait()
+
+    # THEN FAILED; the statement after the pause never reached the server, and nothing committed
+    assert put.body["Status"] == "FAILED" and "not finished within" in put.body["Reason"]
+    assert scalar_at(fresh.url, "SELECT is_called FROM public.probe") is False
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.paused') IS NULL") is True
+
+
 def test_a_migration_whose_client_goes_quiet_in_its_transaction_is_ended_by_the_server(
     fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
