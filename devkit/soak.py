@@ -727,7 +727,7 @@ class Operator:
         """`rerender --all`, run again where the database refused it (marking is idempotent)."""
         lease = self.settings.stale_after_seconds
         marked = retrying(
-            lambda: backfill.mark(self.engine, version, backfill.Selection(), lease_seconds=lease)
+            lambda: backfill.mark(self.engine, version, backfill.Selection(), lease_seconds=lease).marked
         )
         self.tally.backfill["rerender --all"] += 1
         self.tally.backfill["marked"] += marked

@@ -1,12 +1,13 @@
 """A stand-in for CloudFormation's pre-signed response URL: an HTTP server on 127.0.0.1 that
-records each PUT (path, headers, JSON body), optionally failing the first ones."""
+records each PUT (path, headers, JSON body), optionally failing the first ones, and can look at the
+world while the PUT is in flight (`on_put`: the moment the answer is sent)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,8 @@ class ResponseUrl:
     base: str
     puts: list[Put] = field(default_factory=list)
     failures_left: int = 0
+    # Called with each PUT before it is answered: what holds while the function is still sending.
+    on_put: Callable[[Put], None] | None = None
 
     def url(self, name: str = "answer") -> str:
         """A URL shaped like S3's pre-signed ones (a query string the answer must keep)."""
@@ -48,7 +51,10 @@ def response_url(host: str = "127.0.0.1") -> Iterator[ResponseUrl]:
                 recorder.failures_left -= 1
                 self.send_response(503)
             else:
-                recorder.puts.append(Put(self.path, dict(self.headers), json.loads(data)))
+                put = Put(self.path, dict(self.headers), json.loads(data))
+                if recorder.on_put is not None:
+                    recorder.on_put(put)
+                recorder.puts.append(put)
                 self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()

@@ -334,7 +334,7 @@ def _rerender(
         return {"version": version} | backfill.estimate(engine, version, selection).as_dict()
     # The version is the functions' recipe, or the backfill is refused before anything is marked.
     PhotoRepository(engine).ensure_recipe(version, Recipe.from_settings(settings))
-    marked = backfill.mark(engine, version, selection, lease_seconds=settings.stale_after_seconds)
+    marked = backfill.mark(engine, version, selection, lease_seconds=settings.stale_after_seconds).marked
     return {"version": version, "marked": marked}
 
 

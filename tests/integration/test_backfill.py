@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -16,6 +17,7 @@ from devkit.poller import LambdaContext, sqs_event
 from photo_publish import operator
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
 from photo_publish.image.recipes import RecipeMismatch
+from photo_publish.jobs import backfill
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.polling import poll_until, process
 
@@ -278,3 +280,37 @@ def test_a_runs_backfill_messages_trickle_in_over_the_sweeps_period(
 
     assert visible() == 1
     poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == 2, timeout=15)
+
+
+def test_marking_stops_before_a_batch_it_has_no_time_for_and_the_next_run_resumes_after_it(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN five photos published at version 1, a version 2, and marking two photos a batch
+    photo_ids = publish_all(infra, db)
+    infra.configure(thumb_size=320, variant_version=2)
+    monkeypatch.setattr(backfill, "MARK_BATCH", 2)
+
+    def time_for(batches: int) -> Callable[[], float]:
+        """A budget that has time for `batches` batches, then none."""
+        checks = iter(range(batches + 1))
+        return lambda: 60.0 if next(checks, batches) < batches else 0.0
+
+    def marked() -> set[UUID]:
+        with db.connect() as c:
+            return set(c.scalars(select(PhotoJob.photo_id).where(PhotoJob.rerender_to == 2)))
+
+    # WHEN marking runs with time for one batch
+    first = backfill.mark(db, 2, backfill.Selection(), remaining=time_for(1))
+
+    # THEN it marked (and committed) one batch and said it ran out of time
+    assert first == backfill.Marked(2, out_of_time=True)
+    assert len(marked()) == 2
+
+    # WHEN it runs again with time for one batch, then with all the time it needs
+    second = backfill.mark(db, 2, backfill.Selection(), remaining=time_for(1))
+    third = backfill.mark(db, 2, backfill.Selection())
+
+    # THEN each resumed after the photos already marked: every photo marked, none counted twice
+    assert second == backfill.Marked(2, out_of_time=True)
+    assert third == backfill.Marked(1)
+    assert marked() == set(photo_ids)

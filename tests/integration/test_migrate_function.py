@@ -6,21 +6,25 @@ by an HTTP server on loopback that records the PUT."""
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from sqlalchemy import create_engine, make_url
+from alembic import command
+from sqlalchemy import Engine, create_engine, make_url, text
 
 from devkit import handlers
 from devkit.poller import LambdaContext
 from photo_publish import migrate
 from photo_publish.adapters.database import sqlalchemy_url
-from tests.cfn_responses import ResponseUrl, response_url
+from tests.cfn_responses import Put, ResponseUrl, response_url
 from tests.conftest import STAGE, Infra
 from tests.rows import scalar_at
 
@@ -208,9 +212,10 @@ def test_migrations_that_wait_past_the_functions_time_are_answered_failed_before
     with holder.connect() as connection:
         connection.exec_driver_sql("BEGIN")
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7012943)")
-        # WHEN CloudFormation's Create comes to a function with 12 s left (10 kept to answer)
+        # WHEN CloudFormation's Create comes to a function with 17 s left (10 kept to answer, 6 to
+        # stop a run: 1 to migrate)
         started = time.monotonic()
-        handlers.load("migrate").lambda_handler(request("Create", answers.url()), context(12))
+        handlers.load("migrate").lambda_handler(request("Create", answers.url()), context(17))
         (put,) = answers.wait()
         elapsed = time.monotonic() - started
         connection.exec_driver_sql("ROLLBACK")
@@ -232,3 +237,168 @@ def test_a_deployment_from_before_db_schema_is_not_forked_into_an_empty_schema(
     assert put.body["Status"] == "FAILED"
     assert "DB_SCHEMA" in put.body["Reason"] and "empty copy" in put.body["Reason"]
     assert scalar_at(fresh.url, "SELECT to_regnamespace(:s) IS NULL", s=SCHEMA) is True
+
+
+def _others(observer: Engine, database: str, *, besides: int) -> tuple[list[str], int]:
+    """The states of the database's client sessions other than the observer's and `besides`, and
+    how many hold the migrations' advisory lock."""
+    with observer.connect() as connection:
+        states = connection.scalars(
+            text(
+                "SELECT state FROM pg_stat_activity WHERE datname = :db AND backend_type = 'client backend'"
+                " AND pid NOT IN (pg_backend_pid(), :besides) ORDER BY pid"
+            ),
+            {"db": database, "besides": besides},
+        ).all()
+        locks = connection.scalar(
+            text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 7012943"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = :db)"
+            ),
+            {"db": database},
+        )
+    return [str(state) for state in states], int(locks or 0)
+
+
+def test_a_migration_past_its_deadline_is_rolled_back_and_its_locks_released_before_failed_is_answered(
+    fresh: Database, answers: ResponseUrl
+) -> None:
+    # GIVEN a database at 0011, and a function's open read of photos (its ACCESS SHARE lock), so
+    # that 0012's ALTER TABLE photos waits for it
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0011")
+    reader = create_engine(sqlalchemy_url(fresh.url))
+    observer = create_engine(sqlalchemy_url(fresh.url), isolation_level="AUTOCOMMIT")
+    at_the_answer: list[tuple[list[str], int]] = []
+    with reader.connect() as connection:
+        connection.exec_driver_sql(f"SELECT count(*) FROM {SCHEMA}.photos")
+        reading = int(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+        def look(_put: Put) -> None:
+            at_the_answer.append(_others(observer, fresh.name, besides=reading))
+
+        answers.on_put = look
+        # WHEN CloudFormation's Create comes to a function with 17 s left (10 kept to answer, 6 to
+        # stop a run: 1 to migrate)
+        handlers.load("migrate").lambda_handler(request("Create", answers.url()), context(17))
+        (put,) = answers.wait()
+        # ... and then the reader commits
+        connection.rollback()
+    reader.dispose()
+
+    # THEN FAILED, and while it was being sent no session of the migration was left (none
+    # running, none idle in its transaction) and nobody held the migrations' lock
+    assert put.body["Status"] == "FAILED" and "not finished within" in put.body["Reason"]
+    assert at_the_answer == [([], 0)]
+    # AND with the lock free, nothing of the migration commits later: the schema is still at 0011
+    deadline = time.monotonic() + 30
+    while _others(observer, fresh.name, besides=reading) != ([], 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    observer.dispose()
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0011"
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.albums') IS NULL") is True
+
+
+def with_a_migration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upgrade: str) -> None:
+    """The project's migrations and one more after them (0014, whose upgrade() is `upgrade`), in a
+    test-only script directory the function migrates from."""
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrate.SCRIPTS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "0014_test_step.py").write_text(
+        'import time\n\nfrom alembic import op\n\nrevision = "0014"\ndown_revision = "0013"\n'
+        "branch_labels = None\ndepends_on = None\n\n\ndef upgrade() -> None:\n"
+        + textwrap.indent(textwrap.dedent(upgrade).strip(), "    ")
+        + "\n"
+    )
+    monkeypatch.setattr(migrate, "SCRIPTS", scripts)
+
+
+def test_a_migration_that_ignores_its_cancel_has_its_session_ended_before_failed_is_answered(
+    fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a database at 0013, and a migration 0014 whose statement swallows every cancel
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    with_a_migration(
+        tmp_path,
+        monkeypatch,
+        """
+        op.execute("CREATE TABLE stubborn (id int)")
+        op.execute(
+            "DO $$ BEGIN LOOP BEGIN PERFORM pg_sleep(60);"
+            " EXCEPTION WHEN query_canceled THEN NULL; END; END LOOP; END $$"
+        )
+        """,
+    )
+    observer = create_engine(sqlalchemy_url(fresh.url), isolation_level="AUTOCOMMIT")
+    at_the_answer: list[tuple[list[str], int]] = []
+    answers.on_put = lambda _put: at_the_answer.append(_others(observer, fresh.name, besides=0))
+
+    # WHEN CloudFormation's Create comes to a function with 17 s left (1 to migrate)
+    handlers.load("migrate").lambda_handler(request("Create", answers.url()), context(17))
+    (put,) = answers.wait()
+
+    # THEN FAILED, saying the server ended the run's session; when it was sent, no session of the
+    # run was left and the migrations' lock was free; nothing of 0014 was committed
+    assert put.body["Status"] == "FAILED" and "pg_terminate_backend" in put.body["Reason"]
+    assert at_the_answer == [([], 0)]
+    observer.dispose()
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.stubborn') IS NULL") is True
+
+
+def test_a_migration_stopped_between_two_statements_sends_no_other(
+    fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a database at 0013, a sequence (whose nextval no rollback undoes), and a migration 0014
+    # that pauses on the client between two statements past the function's deadline
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    owner = create_engine(sqlalchemy_url(fresh.url))
+    with owner.begin() as connection:
+        connection.exec_driver_sql("CREATE SEQUENCE public.probe")
+    owner.dispose()
+    with_a_migration(
+        tmp_path,
+        monkeypatch,
+        """
+        op.execute("CREATE TABLE paused (id int)")
+        time.sleep(3)
+        op.execute("SELECT nextval('public.probe')")
+        """,
+    )
+
+    # WHEN CloudFormation's Create comes to a function with 17 s left (1 to migrate)
+    handlers.load("migrate").lambda_handler(request("Create", answers.url()), context(17))
+    (put,) = answers.wait()
+
+    # THEN FAILED; the statement after the pause never reached the server, and nothing committed
+    assert put.body["Status"] == "FAILED" and "not finished within" in put.body["Reason"]
+    assert scalar_at(fresh.url, "SELECT is_called FROM public.probe") is False
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.paused') IS NULL") is True
+
+
+def test_a_migration_whose_client_goes_quiet_in_its_transaction_is_ended_by_the_server(
+    fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a database at 0013, a migration 0014 whose client stops between two statements (as a
+    # container frozen mid-run does), and an idle-in-transaction timeout of half a second
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    with_a_migration(
+        tmp_path,
+        monkeypatch,
+        """
+        op.execute("CREATE TABLE quiet (id int)")
+        time.sleep(3)
+        op.execute("CREATE TABLE after_the_pause (id int)")
+        """,
+    )
+    monkeypatch.setattr(migrate, "IDLE_IN_TRANSACTION_SECONDS", 0.5)
+
+    # WHEN CloudFormation's Create comes with all the time it needs
+    handlers.load("migrate").lambda_handler(request("Create", answers.url()), context())
+    (put,) = answers.wait()
+
+    # THEN the server ended the quiet session (its locks with it) and rolled it back: FAILED, and
+    # nothing of 0014 committed
+    assert put.body["Status"] == "FAILED" and "idle-in-transaction timeout" in put.body["Reason"]
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.quiet') IS NULL") is True

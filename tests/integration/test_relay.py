@@ -506,6 +506,38 @@ def test_the_relay_stops_when_its_time_budget_is_spent(
     assert waiting(db) == 5
 
 
+def test_a_relay_out_of_time_after_a_batch_keeps_it_and_the_next_run_resumes_after_it(
+    infra: Infra, db: Engine, engine: Engine, bus: stack.Subscriber
+) -> None:
+    # GIVEN 25 waiting events, a relay taking 10 a batch, and a budget that runs out once one
+    # batch has been marked published
+    ids = [i for (i,) in write_events(db, [1] * 25)]
+    relay = Relay(engine, EventBridgeBus(stack.events_client(), bus.bus_name), infra.settings, batch_size=10)
+    marks: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith(MARK):
+            marks.append(statement)
+
+    # WHEN it runs
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        summary = relay.publish_pending(lambda: 60.0 if not marks else 0.0)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+    # THEN it stopped before the next batch, saying so, with the first batch committed
+    assert (summary.batches, summary.published, summary.out_of_time) == (1, 10, True)
+    assert waiting(db) == 15
+
+    # WHEN the next run has time
+    after = relay.publish_pending()
+
+    # THEN it sent the other 15: every event reached the bus once
+    assert (after.published, after.out_of_time) == (15, False)
+    assert event_ids(received(infra, bus)) == Counter(dict.fromkeys(ids, 1))
+
+
 def test_the_relay_refuses_to_start_without_a_bus(infra: Infra) -> None:
     infra.configure(event_bus_name="")
     with pytest.raises(InvalidSettings, match="EVENT_BUS_NAME"):

@@ -4,7 +4,9 @@ The operator marks them (`rerender`); the scheduled sweep sends a bounded number
 at a time, while the process queue is short; the process function renders each under the new
 version's keys and replaces its variants in one transaction. Marking is idempotent (only photos
 below the version are marked, so running it again renders nothing), `stop` clears the marks not yet
-sent (the photos in flight finish), and marking again resumes.
+sent (the photos in flight finish), and marking again resumes. Marking commits batch by batch and,
+given the time it has, stops before a batch it may not finish: the next run resumes after the
+photos already marked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from uuid import UUID
 from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
 from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.budget import Remaining, forever
 from photo_publish.jobs import machine
 from photo_publish.settings import STALE_AFTER_SECONDS
 
@@ -36,9 +39,13 @@ class Selection:
     album_id: UUID | None = None
 
     def where(self, version: int) -> ColumnElement[bool]:
-        """The selected published photos below `version` whose job is finished (or missing): what
-        `mark` marks; a job at work keeps its own course."""
-        finished = select(PhotoJob.photo_id).where(PhotoJob.status.in_(machine.MARK_RERENDER.source))
+        """The selected published photos below `version` whose job is finished (or missing) and not
+        marked for `version` yet: what `mark` marks; a job at work keeps its own course. (Marked
+        ones left out: a marking stopped for time resumes after them instead of marking them again.)"""
+        finished = select(PhotoJob.photo_id).where(
+            PhotoJob.status.in_(machine.MARK_RERENDER.source),
+            (PhotoJob.status != machine.DONE) | PhotoJob.rerender_to.is_distinct_from(version),
+        )
         has_job = select(PhotoJob.photo_id)
         condition = (
             (Photo.processing_state == "ready")
@@ -74,17 +81,33 @@ def estimate(engine: Engine, version: int, selection: Selection) -> Estimate:
     return Estimate(photos, seconds, seconds * FUNCTION_GB * PRICE_PER_GB_SECOND)
 
 
+@dataclass(frozen=True, slots=True)
+class Marked:
+    marked: int
+    # The time ran out before every selected photo was marked: marking again resumes.
+    out_of_time: bool = False
+
+
 def mark(
-    engine: Engine, version: int, selection: Selection, *, lease_seconds: int = STALE_AFTER_SECONDS
-) -> int:
-    """Mark the selected photos below `version` for a re-render at it; the number marked.
+    engine: Engine,
+    version: int,
+    selection: Selection,
+    *,
+    lease_seconds: int = STALE_AFTER_SECONDS,
+    remaining: Remaining = forever,
+    reserve_seconds: float = 10.0,
+) -> Marked:
+    """Mark the selected photos below `version` for a re-render at it; how many were marked.
 
     A finished job (done, or failed: a re-render that failed for good leaves its photo published)
     gets the mark; a job at work keeps its own course; a photo with no job row gets one. In
-    batches, in the order of the photos' ids.
+    batches of MARK_BATCH, in the order of the photos' ids, each committed; no batch is begun with
+    less than `reserve_seconds` left of `remaining`.
     """
     marked, after = 0, None
     while True:
+        if remaining() < reserve_seconds:
+            return Marked(marked, out_of_time=True)
         with engine.begin() as connection:
             ids = list(
                 connection.scalars(
@@ -95,7 +118,7 @@ def mark(
                 )
             )
             if not ids:
-                return marked
+                return Marked(marked)
             marked += machine.mark_rerender(connection, ids, version, lease_seconds=lease_seconds)
             after = ids[-1]
 

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, create_engine, text
 
 from photo_publish.adapters.database import sqlalchemy_url
 from photo_publish.adapters.tables import metadata
-from photo_publish.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE, RuntimeRole
+from photo_publish.migrate import ADVISORY_LOCK, LEGACY_VERSION_TABLE, VERSION_TABLE, RuntimeRole, Session
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or os.environ.get("DATABASE_URL")
@@ -19,6 +19,8 @@ if not url:
 schema: str | None = config.attributes.get("schema", os.environ.get("DB_SCHEMA") or None)
 runtime_role: RuntimeRole | None = config.attributes.get("runtime_role")
 lock_timeout_seconds: float | None = config.attributes.get("lock_timeout_seconds")
+# The migrate function's run (photo_publish.migrate.within): its timeouts, and its stop.
+session: Session | None = config.attributes.get("session")
 
 # What the functions run, table by table: reads and the four kinds of row change, nothing else.
 RUNTIME_GRANTS = "SELECT, INSERT, UPDATE, DELETE"
@@ -81,26 +83,31 @@ def grant(connection: Connection, role: RuntimeRole) -> None:
 
 # One connection, one transaction per migration run: PostgreSQL's DDL is transactional.
 engine = create_engine(sqlalchemy_url(url))
-with engine.begin() as connection:
-    # Two deployments migrating at once would race on the version table: one waits for the other.
-    connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7012943)")
-    if lock_timeout_seconds is not None:
-        # After the advisory lock: a second run waits for the first whatever it takes.
-        connection.exec_driver_sql(f"SET LOCAL lock_timeout = {round(lock_timeout_seconds * 1000)}")
-    if schema:
-        refuse_a_second_copy(connection, schema)
-        connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-        # The migrations' own SQL names no schema: for this transaction, theirs comes first.
-        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
-    else:
-        take_over_legacy_history(connection)
-    context.configure(
-        connection=connection,
-        transactional_ddl=True,
-        version_table=VERSION_TABLE,
-        version_table_schema=schema,
-    )
-    context.run_migrations()
-    if runtime_role is not None:
-        grant(connection, runtime_role)
-engine.dispose()
+try:
+    with engine.begin() as connection:
+        if session is not None:
+            session.attach(connection)
+        # Two deployments migrating at once would race on the version table: one waits for the other.
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK})")
+        if lock_timeout_seconds is not None:
+            # After the advisory lock: a second run waits for the first as long as its own time lasts.
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = {round(lock_timeout_seconds * 1000)}")
+        if schema:
+            refuse_a_second_copy(connection, schema)
+            connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            # The migrations' own SQL names no schema: for this transaction, theirs comes first.
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+        else:
+            take_over_legacy_history(connection)
+        context.configure(
+            connection=connection,
+            transactional_ddl=True,
+            version_table=VERSION_TABLE,
+            version_table_schema=schema,
+        )
+        context.run_migrations()
+        if runtime_role is not None:
+            grant(connection, runtime_role)
+finally:
+    # Closed, not pooled: a run that failed or was stopped leaves no session behind.
+    engine.dispose()
