@@ -299,7 +299,9 @@ def delete_photos(photo_ids: Sequence[UUID], album_id: UUID | None) -> list[UUID
             chosen += connection.scalars(select(Photo.id).where(Photo.album_id == album_id)).all()
     store = S3Store(bootstrap.s3_client(), settings.photo_bucket)
     return [
-        photo_id for photo_id in dict.fromkeys(chosen) if uploads.delete(engine, store, settings, photo_id)
+        photo_id
+        for photo_id in dict.fromkeys(chosen)
+        if uploads.delete(engine, store, settings, photo_id, caller=uploads.BACKEND)
     ]
 
 

@@ -8,6 +8,8 @@ LocalStack, which does (tests/localstack).
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import uuid
 from datetime import timedelta
@@ -39,7 +41,12 @@ def post(registration: uploads.Registration, data: bytes, file_name: str = "phot
 
 
 def register(infra: Infra, db: Engine, **overrides: Any) -> uploads.Registration:
-    request = {"album_id": str(uuid.uuid4()), "file_name": "Garden.jpg", "content_type": "image/jpeg"}
+    request = {
+        "album_id": str(uuid.uuid4()),
+        "file_name": "Garden.jpg",
+        "content_type": "image/jpeg",
+        "caller": uploads.BACKEND,
+    }
     return uploads.register(db, infra.s3, infra.settings, **(request | overrides))
 
 
@@ -65,14 +72,16 @@ def test_a_registered_upload_posted_by_a_browser_is_published(infra: Infra, db: 
         assert (
             c.scalar(select(PhotoJob.status).where(PhotoJob.photo_id == registration.photo_id)) == "pending"
         )
-    assert uploads.status(db, registration.photo_id)["state"] == "processing"  # type: ignore[index]
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "processing"  # type: ignore[index]
 
     # WHEN the browser posts the file with the returned fields, and the queue runs
     assert post(registration, JPEG).status_code in (200, 201, 204)
     poll_until(infra, published(db, registration.photo_id))
 
     # THEN the photo is published, and its status says so with URLs under the configured base
-    answer = uploads.status(db, registration.photo_id, base_url="https://cdn.example.com/")
+    answer = uploads.status(
+        db, registration.photo_id, base_url="https://cdn.example.com/", caller=uploads.BACKEND
+    )
     assert answer is not None and answer["state"] == "published" and answer["error"] is None
     browse = answer["variants"]["browse"]
     assert browse["url"] == f"https://cdn.example.com/{browse['key']}"
@@ -133,6 +142,7 @@ def test_the_upload_functions_client_signs_the_post_with_sigv4(infra: Infra, db:
         album_id=uuid.uuid4(),
         file_name="a.jpg",
         content_type="image/jpeg",
+        caller=uploads.BACKEND,
     )
     assert registration.fields["x-amz-algorithm"] == "AWS4-HMAC-SHA256"
     assert {"x-amz-credential", "x-amz-date", "x-amz-signature"} <= set(registration.fields)
@@ -163,12 +173,17 @@ def test_motos_server_stores_a_post_that_breaks_its_policy(infra: Infra, db: Eng
 def test_a_failed_photo_says_why_in_words(infra: Infra, db: Engine) -> None:
     registration = register(infra, db)
     post(registration, b"not a picture at all")
-    poll_until(infra, lambda: uploads.status(db, registration.photo_id)["state"] == "failed")  # type: ignore[index]
-    answer = uploads.status(db, registration.photo_id)
+    poll_until(
+        infra, lambda: uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "failed"
+    )  # type: ignore[index]
+    answer = uploads.status(db, registration.photo_id, caller=uploads.BACKEND)
     assert answer is not None
     assert answer["errorCode"] in ("UNSUPPORTED_FORMAT", "DECODE_FAILED")
     assert answer["error"] == uploads.IN_WORDS[uploads.ErrorCode(answer["errorCode"])]
-    assert uploads.status(db, uuid.uuid4()) is None and uploads.status(db, "nonsense") is None
+    assert (
+        uploads.status(db, uuid.uuid4(), caller=uploads.BACKEND) is None
+        and uploads.status(db, "nonsense", caller=uploads.BACKEND) is None
+    )
 
 
 def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
@@ -182,7 +197,7 @@ def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
 
     # WHEN it is deleted
     store = S3Store(infra.s3, BUCKET)
-    assert uploads.delete(db, store, infra.settings, registration.photo_id)
+    assert uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
 
     # THEN no object and no row is left; one photo.deleted event, one version past the photo's last
     assert keys_under(infra, registration.album_id, registration.photo_id) == []
@@ -199,8 +214,8 @@ def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
     deleted = PhotoDeletedPayload.from_json(events[-1].payload)
     assert deleted.entity_version == 3  # 1, published 2, deleted 3
     # AND a second deletion is an unknown photo's
-    assert not uploads.delete(db, store, infra.settings, registration.photo_id)
-    assert uploads.status(db, registration.photo_id) is None
+    assert not uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND) is None
 
 
 def test_an_upload_event_for_a_deleted_photo_is_acknowledged_not_retried_until_it_pages(
@@ -209,7 +224,9 @@ def test_an_upload_event_for_a_deleted_photo_is_acknowledged_not_retried_until_i
     # GIVEN a photo deleted before its upload's notification was processed
     registration = register(infra, db)
     post(registration, JPEG)
-    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
+    )
 
     # WHEN the notification is delivered
     poller = poll_until(infra, lambda: True)
@@ -241,7 +258,9 @@ def test_a_deletion_racing_a_render_leaves_nothing_once_the_sweep_purged(
     worker = threading.Thread(target=lambda: poll_until(infra, putting.is_set).poll_once())
     worker.start()
     assert putting.wait(30)
-    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
+    )
     deleted.set()
     worker.join(60)
 
@@ -267,7 +286,7 @@ def test_an_upload_that_finishes_after_the_deletion_and_its_purge_is_purged_agai
     # GIVEN a photo deleted while its browser was still uploading, and the sweep's purge done
     registration = register(infra, db)
     store = S3Store(infra.s3, BUCKET)
-    assert uploads.delete(db, store, infra.settings, registration.photo_id)
+    assert uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
     with db.begin() as c:
         c.execute(update(deleted_photos).values(purge_after=func.now() - timedelta(seconds=1)))
     bootstrap.reset()
@@ -292,3 +311,34 @@ def _context() -> Any:
     from devkit.poller import LambdaContext
 
     return LambdaContext(timeout_seconds=60)
+
+
+@pytest.mark.parametrize(
+    "file_name",
+    [
+        "${filename}",
+        "holiday-${filename}",
+        "$${filename}}",
+        "${",
+        "a$\x00{filename}.jpg",
+        "$\u202e{filename}",
+        "${filename}" * 40,
+        "x" * 250 + "${filename}",
+        "ok.jpg",
+        "Été ${x}.jpg",
+    ],
+)
+def test_the_policy_binds_exactly_the_key_the_server_built(infra: Infra, db: Engine, file_name: str) -> None:
+    # GIVEN a registration whose file name holds what S3 substitutes in a POST form (`${filename}`)
+    registration = register(infra, db, file_name=file_name)
+
+    # THEN the key holds no `${`, and the policy has only exact conditions on the key, no prefix
+    assert "${" not in registration.key
+    policy = json.loads(base64.b64decode(registration.fields["policy"]))
+    on_key = [
+        c
+        for c in policy["conditions"]
+        if (isinstance(c, dict) and "key" in c) or (isinstance(c, list) and c[1] == "$key")
+    ]
+    assert on_key and all(c in ({"key": registration.key}, ["eq", "$key", registration.key]) for c in on_key)
+    assert registration.fields["key"] == registration.key

@@ -50,6 +50,7 @@ def register(infra: Infra, db: Engine, **overrides: Any) -> uploads.Registration
         "file_name": "Garden.jpg",
         "content_type": "image/jpeg",
         "size": len(JPEG),
+        "caller": uploads.BACKEND,
     }
     return uploads.register(db, bootstrap.s3_client(), settings, **(request | overrides))
 
@@ -168,7 +169,7 @@ def test_refused_posts_leave_the_photo_waiting_and_send_no_notification(infra: I
     assert post(registration, JPEG, **{"Content-Type": "image/png"}).status_code == 403
 
     # THEN the photo is still waiting for its upload, and the queue got nothing
-    assert uploads.status(db, registration.photo_id)["state"] == "processing"  # type: ignore[index]
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "processing"  # type: ignore[index]
     assert job(db, registration.photo_id)[0] == "pending"
     assert counts(infra, infra.queues.url) == (0, 0, 0)
 
@@ -196,7 +197,7 @@ def test_an_allowed_upload_is_stored_as_declared_and_published_to_the_bus(
     # AND its notification reaches the process handler, which publishes the photo
     poll_until(infra, published(db, registration.photo_id))
     assert photo(db, registration.photo_id) == ("ready", None, 2)
-    assert uploads.status(db, registration.photo_id)["state"] == "published"  # type: ignore[index]
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "published"  # type: ignore[index]
 
     # AND photo.published reaches the subscriber's queue through the bus (the hand-off after the
     # commit sent it; the relay, on its schedule, finds nothing left to send)
