@@ -241,3 +241,93 @@ def test_a_base64_body_that_is_not_base64_is_400(infra: Infra, db: Engine) -> No
     answer = upload.lambda_handler(event, LambdaContext())
     assert answer["statusCode"] == 400
     assert json.loads(answer["body"])["reason"] == "BODY_INVALID"
+
+
+def members(method: str, authorizer: Any, album_id: str, user_id: str) -> dict[str, Any]:
+    event = copy.deepcopy(load_event("http_api_register"))
+    path = f"/albums/{album_id}/members/{user_id}"
+    event["routeKey"] = event["requestContext"]["routeKey"] = (
+        f"{method} /albums/{{albumId}}/members/{{userId}}"
+    )
+    event["rawPath"] = event["requestContext"]["http"]["path"] = path
+    event["requestContext"]["http"]["method"] = method
+    event["pathParameters"] = {"albumId": album_id, "userId": user_id}
+    event["body"] = None
+    answer: dict[str, Any] = upload.lambda_handler(as_caller(event, authorizer), LambdaContext())
+    return answer
+
+
+IAM = load_event("http_api_register")["requestContext"]["authorizer"]
+
+
+def test_the_backend_shares_an_album_and_takes_it_back(infra: Infra, db: Engine) -> None:
+    # GIVEN alice's album
+    album = str(uuid.uuid4())
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+    # WHEN the backend shares it with bob, THEN bob registers into it
+    assert members("PUT", IAM, album, "bob")["statusCode"] == 204
+    assert members("PUT", IAM, album, "bob")["statusCode"] == 204  # again: nothing new
+    assert register_as(jwt("bob"), album)["statusCode"] == 201
+
+    # WHEN the backend takes it back, THEN bob is refused again, and a second removal is 404
+    assert members("DELETE", IAM, album, "bob")["statusCode"] == 204
+    assert register_as(jwt("bob"), album)["statusCode"] == 403
+    assert members("DELETE", IAM, album, "bob")["statusCode"] == 404
+    # AND alice, its owner, is no member to remove: she stays its owner
+    assert members("DELETE", IAM, album, "alice")["statusCode"] == 404
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+
+def test_sharing_an_album_nobody_owns_makes_the_user_its_owner(infra: Infra, db: Engine) -> None:
+    # GIVEN an album only the backend has registered into
+    album = str(uuid.uuid4())
+    assert register_as(IAM, album)["statusCode"] == 201
+
+    # WHEN the backend shares it with carol
+    assert members("PUT", IAM, album, "carol")["statusCode"] == 204
+
+    # THEN it is carol's: she registers, dave does not
+    assert register_as(jwt("carol"), album)["statusCode"] == 201
+    assert register_as(jwt("dave"), album)["statusCode"] == 403
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE"])
+def test_only_the_backend_shares_albums(infra: Infra, db: Engine, method: str) -> None:
+    # GIVEN alice's album
+    album = str(uuid.uuid4())
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+    # WHEN alice herself (a JWT) adds or removes a member
+    answer = members(method, jwt("alice"), album, "mallory")
+
+    # THEN 403 BACKEND_ONLY, and mallory is no member
+    assert answer["statusCode"] == 403
+    assert json.loads(answer["body"])["reason"] == "BACKEND_ONLY"
+    assert register_as(jwt("mallory"), album)["statusCode"] == 403
+
+
+def test_a_membership_of_an_album_id_that_is_no_uuid_is_400(infra: Infra, db: Engine) -> None:
+    answer = members("PUT", IAM, "nope", "bob")
+    assert answer["statusCode"] == 400
+    assert json.loads(answer["body"])["reason"] == "ALBUM_ID_INVALID"
+
+
+def test_an_albums_owner_reads_and_deletes_a_members_photo_and_the_member_not_the_owners(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN alice's album, shared with bob, and a photo of each in it
+    album = str(uuid.uuid4())
+    alices = json.loads(register_as(jwt("alice"), album)["body"])["photoId"]
+    assert members("PUT", IAM, album, "bob")["statusCode"] == 204
+    bobs = json.loads(register_as(jwt("bob"), album)["body"])["photoId"]
+
+    def photo(method: str, user: str, photo_id: str) -> int:
+        return request(method, f"/photos/{photo_id}", "/photos/{photoId}", jwt(user), photoId=photo_id)
+
+    # THEN bob neither reads nor deletes alice's photo (as for an unknown one)
+    assert (photo("GET", "bob", alices), photo("DELETE", "bob", alices)) == (404, 404)
+    # AND alice, the album's owner, reads and deletes bob's
+    assert photo("GET", "alice", bobs) == 200
+    assert photo("DELETE", "alice", bobs) == 204
+    assert photo("GET", "bob", bobs) == 404

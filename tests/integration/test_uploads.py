@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, select, text, update
 
 from devkit import handlers, samples
 from photo_publish import bootstrap, uploads
@@ -342,3 +342,63 @@ def test_the_policy_binds_exactly_the_key_the_server_built(infra: Infra, db: Eng
     ]
     assert on_key and all(c in ({"key": registration.key}, ["eq", "$key", registration.key]) for c in on_key)
     assert registration.fields["key"] == registration.key
+
+
+def test_two_users_racing_to_create_one_album_leave_one_owner(infra: Infra, db: Engine) -> None:
+    # GIVEN photos' inserts held back, so that both registrations are inside their transactions
+    album = uuid.uuid4()
+    answers: dict[str, object] = {}
+
+    def register_in(user: str) -> None:
+        try:
+            answers[user] = register(infra, db, album_id=album, caller=uploads.User(user))
+        except uploads.Forbidden as forbidden:
+            answers[user] = forbidden.reason
+
+    with db.connect() as holder:
+        holder.execute(text("LOCK TABLE photos IN SHARE MODE"))
+        threads = [threading.Thread(target=register_in, args=(user,)) for user in ("alice", "bob")]
+        for thread in threads:
+            thread.start()
+
+        # WHEN both wait: one for the photos' lock, the other for the first one's album row
+        def both_waiting() -> bool:
+            with db.connect() as c:
+                waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                return bool(c.execute(text(waiting)).scalar_one() >= 2)
+
+        poll_until(infra, both_waiting)
+        holder.rollback()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    # THEN one owns the album and registered; the other is refused, and wrote nothing
+    winner = next(user for user, answer in answers.items() if isinstance(answer, uploads.Registration))
+    assert sorted(map(str, answers.values()))[0] == "ALBUM_FORBIDDEN" and len(answers) == 2
+    with db.connect() as c:
+        assert c.execute(text("SELECT id, owner FROM albums")).all() == [(album, winner)]
+        assert c.execute(text("SELECT owner FROM photos")).scalars().all() == [winner]
+
+
+def test_a_users_registration_needs_the_album_to_be_theirs_or_shared_and_the_backend_may_do_anything(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN alice's album
+    album = uuid.uuid4()
+    register(infra, db, album_id=album, caller=uploads.User("alice"))
+
+    # THEN bob is refused, until the backend shares it; the backend registers into it at will
+    with pytest.raises(uploads.Forbidden) as refused:
+        register(infra, db, album_id=album, caller=uploads.User("bob"))
+    assert refused.value.reason == "ALBUM_FORBIDDEN"
+    register(infra, db, album_id=album, caller=uploads.BACKEND)
+    uploads.share_album(db, album, "bob", caller=uploads.BACKEND)
+    register(infra, db, album_id=album, caller=uploads.User("bob"))
+    # AND only the backend shares, and only with a user id a token could carry
+    with pytest.raises(uploads.Forbidden):
+        uploads.share_album(db, album, "mallory", caller=uploads.User("alice"))
+    with pytest.raises(uploads.Refused) as bad:
+        uploads.share_album(db, album, "bob\x00", caller=uploads.BACKEND)
+    assert bad.value.reason == "USER_ID_INVALID"
+    with pytest.raises(ValueError):
+        uploads.User("")
