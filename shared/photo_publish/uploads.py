@@ -2,8 +2,8 @@
 
 For an app's own API and for the upload function's routes. Every call takes its caller: the app's
 backend (`BACKEND`, AWS_IAM), which may do everything, or a user (`User(sub)`, a JWT's subject),
-who may register into an album that is theirs (the first user to register into it owns it) or
-that the backend shared with them, and may read and delete the photos they registered or that are
+who may register into an album that is theirs (the first user to register into a new album owns
+it; one the backend has filled is opened only by sharing) or that the backend shared with them, and may read and delete the photos they registered or that are
 in their album. Registration writes the photo and its job in one transaction, with the album check,
 and answers a presigned POST whose policy S3 itself enforces: the exact key, the size range, the
 declared type and the bucket's encryption. A presigned PUT cannot bound the size; a POST policy can.

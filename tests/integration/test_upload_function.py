@@ -331,3 +331,21 @@ def test_an_albums_owner_reads_and_deletes_a_members_photo_and_the_member_not_th
     assert photo("GET", "alice", bobs) == 200
     assert photo("DELETE", "alice", bobs) == 204
     assert photo("GET", "bob", bobs) == 404
+
+
+def test_an_album_the_backend_filled_is_no_users_to_claim(infra: Infra, db: Engine) -> None:
+    # GIVEN an album the backend registered a photo into (no user owns it)
+    album = str(uuid.uuid4())
+    backends = json.loads(register_as(IAM, album)["body"])["photoId"]
+
+    # WHEN mallory registers into it, reads and deletes the backend's photo
+    claimed = register_as(jwt("mallory"), album)["statusCode"]
+    path = f"/photos/{backends}"
+    read = request("GET", path, "/photos/{photoId}", jwt("mallory"), photoId=backends)
+    deleted = request("DELETE", path, "/photos/{photoId}", jwt("mallory"), photoId=backends)
+
+    # THEN she is refused, and the photo is untouched: only the backend's sharing opens the album
+    assert (claimed, read, deleted) == (403, 404, 404)
+    with db.connect() as c:
+        assert c.scalar(text("SELECT count(*) FROM albums")) == 0
+        assert c.scalar(text("SELECT count(*) FROM photos")) == 1

@@ -230,3 +230,27 @@ def test_localstack_does_not_check_the_policys_signature(infra: Infra, db: Engin
     # THEN LocalStack stores it (AWS would not)
     assert response.status_code == 204
     assert stored(infra, registration.key)
+
+
+@pytest.mark.parametrize("file_name", ["${filename}", "holiday-${filename}", "$${filename}}"])
+def test_a_form_registered_with_a_substitution_in_its_name_stores_only_the_registered_key(
+    infra: Infra, db: Engine, file_name: str
+) -> None:
+    # GIVEN a registration whose file name asked S3 to substitute the posted file's name
+    registration = register(infra, db, file_name=file_name)
+    prefix = registration.key.rsplit("/", 1)[0] + "/"
+
+    # WHEN the browser posts files of other names, and a form whose key asks for the substitution
+    for part in ("holiday.jpg", "a/b/c.jpg", "other.jpg"):
+        sent = requests.post(
+            registration.url, data=registration.fields, files={"file": (part, JPEG)}, timeout=30
+        )
+        assert sent.status_code in (200, 201, 204), sent.text
+    substituted = post(registration, JPEG, key=prefix + "${filename}")
+
+    # THEN the substitution is refused by the key's condition, and the one object under the photo's
+    # folder is the registered key, which holds no `${`
+    assert error(substituted) == (403, "AccessDenied", condition_failed(["eq", "$key", registration.key]))
+    listed = infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    assert [o["Key"] for o in listed] == [registration.key]
+    assert "${" not in registration.key

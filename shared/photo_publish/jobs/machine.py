@@ -21,6 +21,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Text,
+    Uuid,
     and_,
     case,
     false,
@@ -244,11 +245,18 @@ def ensure(connection: Connection, photo_id: UUID) -> None:
 
 def admit_to_album(connection: Connection, album_id: UUID, user: str) -> bool:
     """Whether `user` may register into `album_id`: its owner, or a member the backend shared it
-    with. An album nobody owns becomes `user`'s: of two users racing to create it, the second's
-    insert waits for the first's commit and then reads the first as the owner. The row read is
-    locked against an unshare until the caller's transaction (the photo's insert) commits."""
+    with. A new album (no owner, no photo) becomes `user`'s: of two users racing to create it, the
+    second's insert waits for the first's commit and then reads the first as the owner. An album
+    the backend has filled is no user's to claim (its photos would become theirs to delete): only
+    sharing opens it. The rows read are locked against an unshare until the caller's transaction
+    (the photo's insert) commits."""
+    backend_filled = select(photos.c.id).where(photos.c.album_id == album_id).exists()
     connection.execute(
-        insert(albums).values(id=album_id, owner=user).on_conflict_do_nothing(index_elements=[albums.c.id])
+        insert(albums)
+        .from_select(
+            ["id", "owner"], select(literal(album_id, Uuid), literal(user, Text)).where(~backend_filled)
+        )
+        .on_conflict_do_nothing(index_elements=[albums.c.id])
     )
     owner = connection.scalar(
         select(albums.c.owner).where(albums.c.id == album_id).with_for_update(read=True)
