@@ -3,8 +3,8 @@
 For an app's own API and for the upload function's routes. Every call takes its caller: the app's
 backend (`BACKEND`, AWS_IAM), which may do everything, or a user (`User(sub)`, a JWT's subject),
 who may register into an album that is theirs (the first user to register into a new album owns
-it; one the backend has filled is opened only by sharing) or that the backend shared with them, and may read and delete the photos they registered or that are
-in their album. Registration writes the photo and its job in one transaction, with the album check,
+it; one the backend has filled is opened only by sharing) or that the backend shared with them,
+and may read and delete the photos they registered or that are in their album. Registration writes the photo and its job in one transaction, with the album check,
 and answers a presigned POST whose policy S3 itself enforces: the exact key, the size range, the
 declared type and the bucket's encryption. A presigned PUT cannot bound the size; a POST policy can.
 """
@@ -91,6 +91,17 @@ BACKEND = Backend()
 Caller = Backend | User
 
 
+def user_of(caller: Caller) -> str | None:
+    """The user a call is made for; None for the backend. Anything else is a programming error:
+    no value stands for the backend but BACKEND (a None, say, is refused, not trusted)."""
+    match caller:
+        case User(sub=sub):
+            return sub
+        case Backend():
+            return None
+    raise TypeError(f"a caller is uploads.BACKEND or uploads.User(sub), not {_shown(caller)}")
+
+
 def usable_subject(sub: object) -> TypeGuard[str]:
     """Whether `sub` can name a user: a non-empty string that PostgreSQL's text can hold."""
     if not isinstance(sub, str) or not sub or "\x00" in sub:
@@ -165,7 +176,7 @@ def register(
     key = original_key(settings.stage, album, photo_id, name)
     with engine.begin() as connection:
         # The backend's photos belong to no user; a user's need the album to be theirs or shared.
-        owner = caller.sub if isinstance(caller, User) else None
+        owner = user_of(caller)
         if owner is not None and not machine.admit_to_album(connection, album, owner):
             raise Forbidden("ALBUM_FORBIDDEN", "This album is another user's, and was not shared with you.")
         machine.register(connection, photo_id, album, key, keep_location=keep_location, owner=owner)
@@ -222,7 +233,7 @@ def unshare_album(engine: Engine, album_id: str | UUID, member: str, *, caller: 
 
 
 def _member(member: str, caller: Caller) -> str:
-    if not isinstance(caller, Backend):
+    if user_of(caller) is not None:
         raise Forbidden("BACKEND_ONLY", "Only the app's backend shares albums.")
     if not usable_subject(member):
         raise Refused("USER_ID_INVALID", f"A user id is a token's subject, not {_shown(member)}.")
@@ -255,6 +266,7 @@ def status(
     `base_url` when one is set), the placeholder and, once published, the capture metadata (as the
     payload carries it); None for an unknown photo, or one a user caller may not see (neither
     theirs nor in their album)."""
+    user = user_of(caller)
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
@@ -265,9 +277,7 @@ def status(
             .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
             .where(photos.c.id == photo_uuid)
         ).one_or_none()
-        if photo is None or (
-            isinstance(caller, User) and not machine.may_touch(connection, photo_uuid, caller.sub)
-        ):
+        if photo is None or (user is not None and not machine.may_touch(connection, photo_uuid, user)):
             return None
         variants = connection.execute(
             select(photo_variants)
@@ -320,12 +330,13 @@ def delete(
     once no worker can still hold the photo (STALE_AFTER_SECONDS). False for an unknown photo, or
     one a user caller may not delete (neither theirs nor in their album: an album's owner may
     delete what a member put in it)."""
+    user = user_of(caller)
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
         return False
     with engine.begin() as connection:
-        if isinstance(caller, User) and not machine.may_touch(connection, photo_uuid, caller.sub):
+        if user is not None and not machine.may_touch(connection, photo_uuid, user):
             return False
         deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay)
         if deleted is None:

@@ -402,3 +402,11 @@ def test_a_users_registration_needs_the_album_to_be_theirs_or_shared_and_the_bac
     assert bad.value.reason == "USER_ID_INVALID"
     with pytest.raises(ValueError):
         uploads.User("")
+    # AND no value stands for the backend but BACKEND: a None is refused, never trusted
+    for call in (
+        lambda: register(infra, db, album_id=album, caller=None),
+        lambda: uploads.status(db, uuid.uuid4(), caller=None),  # type: ignore[arg-type]
+        lambda: uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, "x", caller=None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError):
+            call()
