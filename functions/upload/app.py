@@ -146,7 +146,7 @@ def _body() -> str:
         text = event.decoded_body or ""
     except ValueError:  # bad base64, or bytes that are no UTF-8 (binascii.Error, UnicodeError)
         raise BadRequest("BODY_INVALID", "The body must be a JSON object in UTF-8.") from None
-    if len(text) > MAX_BODY_BYTES:
+    if len(text.encode(errors="surrogatepass")) > MAX_BODY_BYTES:
         raise BadRequest("BODY_TOO_LARGE", f"The body is larger than {MAX_BODY_BYTES} bytes.")
     depth = max(accumulate(_NESTING.get(c, 0) for c in _STRINGS.sub("", text)), default=0)
     if depth > MAX_BODY_DEPTH:
