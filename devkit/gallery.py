@@ -5,7 +5,8 @@ the file straight to S3 with the fields it got back, and polls the photo's statu
 the average colour, then the ThumbHash, then the browse image; a failed one says why; a tile can
 be deleted. This server is three honest stand-ins on 127.0.0.1:
 - API Gateway: a request to one of the template's routes becomes the HTTP API payload 2.0 event
-  that functions/upload/app.py's lambda_handler receives in AWS (no authorizer: loopback only);
+  that functions/upload/app.py's lambda_handler receives in AWS from the app's backend (AWS_IAM:
+  the page is the backend's stand-in, on loopback only);
 - CloudFront: /cdn/ serves the bucket's variants, and only them (never an original), and is the
   functions' VARIANT_BASE_URL, so the status answer carries the URLs the page shows;
 - the app's origin, which the bucket's CORS rule allows to POST (the template's AppOrigins).
@@ -142,6 +143,18 @@ def http_api_event(
         "requestContext": {
             "accountId": "000000000000",
             "apiId": "gallery",
+            # The loopback page stands in for the app's backend: what API Gateway's AWS_IAM route
+            # passes for a request the backend signed.
+            "authorizer": {
+                "iam": {
+                    "accessKey": "GALLERY",
+                    "accountId": "000000000000",
+                    "callerId": "gallery",
+                    "principalOrgId": None,
+                    "userArn": "arn:aws:iam::000000000000:user/gallery",
+                    "userId": "gallery",
+                }
+            },
             "domainName": host,
             "domainPrefix": host.split(".", 1)[0],
             "http": {

@@ -1165,7 +1165,11 @@ class Run:
         s3, _ = stack.clients()
         try:
             found = photo_uploads.delete(
-                parts.database.engine, S3Store(s3, self.bucket), parts.settings, planned.photo_id
+                parts.database.engine,
+                S3Store(s3, self.bucket),
+                parts.settings,
+                planned.photo_id,
+                caller=photo_uploads.BACKEND,
             )
         except (DBAPIError, OSError) as error:
             planned.did(f"deletion failed, tried again: {type(error).__name__}")

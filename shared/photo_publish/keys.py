@@ -124,10 +124,12 @@ MAX_FILE_NAME_BYTES = 255
 def clean_file_name(name: str) -> str:
     """The file name as an original key ends with it: no `/` (nor `\\`), no control or format
     characters (a right-to-left override would show `gpj.exe` as `exe.jpg`), no lone surrogates,
+    no `${` (S3 substitutes `${filename}` in a POST form's key with the name of the file posted, and
+    botocore's policy for such a key admits any key under its prefix: the key must be the server's),
     surrounding blanks and dots trimmed, at most 255 bytes of UTF-8 (cut before the extension, on
     a character boundary). Empty if nothing is left."""
     visible = "".join(c for c in unicodedata.normalize("NFC", name) if unicodedata.category(c) not in _HIDDEN)
-    cleaned = _UNSAFE.sub("", visible).strip(" .")
+    cleaned = _no_substitution(_UNSAFE.sub("", visible)).strip(" .")
     if len(cleaned.encode()) <= MAX_FILE_NAME_BYTES:
         return cleaned
     stem, dot, ext = cleaned.rpartition(".")
@@ -136,3 +138,10 @@ def clean_file_name(name: str) -> str:
     room = MAX_FILE_NAME_BYTES - len(ext.encode()) - (1 if ext else 0)
     stem = stem.encode()[:room].decode(errors="ignore").rstrip(" .")
     return f"{stem}.{ext}" if ext else stem
+
+
+def _no_substitution(name: str) -> str:
+    """`name` with each `$` that opens a `${` dropped, until none is left (`$${` is `${` again)."""
+    while "${" in name:
+        name = name.replace("${", "{")
+    return name

@@ -303,7 +303,9 @@ def delete_photos(photo_ids: Sequence[UUID], album_id: UUID | None) -> list[UUID
         albums = {row.id: row.album_id for row in found}
     store = S3Store(bootstrap.s3_client(), settings.photo_bucket)
     deleted = [
-        photo_id for photo_id in dict.fromkeys(chosen) if uploads.delete(engine, store, settings, photo_id)
+        photo_id
+        for photo_id in dict.fromkeys(chosen)
+        if uploads.delete(engine, store, settings, photo_id, caller=uploads.BACKEND)
     ]
     cdn = bootstrap.cdn()
     if cdn is not None and deleted:

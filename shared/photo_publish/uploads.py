@@ -1,18 +1,21 @@
 """The app's side (SPEC 17): register an upload a browser makes, watch it, delete it.
 
-For an app's own API (`register`, `status`, `delete`, given a caller that has already checked the
-user's right to the album) and for the upload function's routes. Registration writes the photo and
-its job in one transaction and answers a presigned POST whose policy S3 itself enforces: the exact
-key, the size range, the declared type and the bucket's encryption. A presigned PUT cannot bound
-the size; a POST policy can.
+For an app's own API and for the upload function's routes. Every call takes its caller: the app's
+backend (`BACKEND`, AWS_IAM), which may do everything, or a user (`User(sub)`, a JWT's subject),
+who may register into an album that is theirs (the first user to register into a new album owns
+it; one the backend has filled is opened only by sharing) or that the backend shared with them,
+and may read and delete the photos they registered or that are in their album. Registration writes the photo and its job in one transaction, with the album check,
+and answers a presigned POST whose policy S3 itself enforces: the exact key, the size range, the
+declared type and the bucket's encryption. A presigned PUT cannot bound the size; a POST policy can.
 """
 
 from __future__ import annotations
 
+import reprlib
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from uuid import UUID
 
 from sqlalchemy import Engine, select
@@ -63,6 +66,55 @@ class Refused(ValueError):
         self.reason = reason
 
 
+class Forbidden(Refused):
+    """A request its caller may not make (the API answers 403): `ALBUM_FORBIDDEN`, another user's
+    album; `BACKEND_ONLY`, a call only the app's backend makes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The app's backend (the upload API's AWS_IAM routes, or an app's own server): it has checked
+    its user's rights itself, and may do everything."""
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """An end user, by their token's subject (the upload API's JWT routes): never empty, and text
+    PostgreSQL can hold (no NUL, no lone surrogate)."""
+
+    sub: str
+
+    def __post_init__(self) -> None:
+        if not usable_subject(self.sub):
+            raise ValueError("a user's subject is a non-empty string without NUL or lone surrogates")
+
+
+BACKEND = Backend()
+Caller = Backend | User
+
+
+def user_of(caller: Caller) -> str | None:
+    """The user a call is made for; None for the backend. Anything else is a programming error:
+    no value stands for the backend but BACKEND (a None, say, is refused, not trusted)."""
+    match caller:
+        case User(sub=sub):
+            return sub
+        case Backend():
+            return None
+    raise TypeError(f"a caller is uploads.BACKEND or uploads.User(sub), not {_shown(caller)}")
+
+
+def usable_subject(sub: object) -> TypeGuard[str]:
+    """Whether `sub` can name a user: a non-empty string that PostgreSQL's text can hold."""
+    if not isinstance(sub, str) or not sub or "\x00" in sub:
+        return False
+    try:
+        sub.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     photo_id: UUID
@@ -92,11 +144,13 @@ def register(
     content_type: str,
     size: int | None = None,
     keep_location: bool = False,
-    owner: str | None = None,
+    caller: Caller,
 ) -> Registration:
     """A new photo in `album_id` and the POST that uploads its original; Refused for a request that
     cannot be one (an album id that is not a UUID, a file name that cleans to nothing, a type SPEC 3
-    does not decode, a size outside 1..MAX_ORIGINAL_BYTES, a keep_location that is not a bool).
+    does not decode, a size outside 1..MAX_ORIGINAL_BYTES, a keep_location that is not a bool);
+    Forbidden (`ALBUM_FORBIDDEN`) for a user whose album it is not. A user registering into an
+    album nobody owns becomes its owner, in the transaction that writes the photo.
     `keep_location`: the user agreed to keep the photo's GPS position on its record (never in a
     variant); without it, its GPS tags are never read. `s3` signs the POST: give it
     `Config(signature_version="s3v4")` (bootstrap.s3_client() has it), as botocore otherwise signs
@@ -104,18 +158,29 @@ def register(
     album = _album(album_id)
     name = clean_file_name(file_name) if isinstance(file_name, str) else ""
     if not name:
-        raise Refused("FILE_NAME_INVALID", "the file name is empty once cleaned of / and control characters")
+        raise Refused(
+            "FILE_NAME_INVALID", "The file name is empty once cleaned of /, ${ and control characters."
+        )
     if not isinstance(content_type, str) or content_type not in ACCEPTED_TYPES:
-        raise Refused("CONTENT_TYPE_UNSUPPORTED", f"{content_type!r} is not one of {sorted(ACCEPTED_TYPES)}")
+        raise Refused(
+            "CONTENT_TYPE_UNSUPPORTED",
+            f"The content type {_shown(content_type)} is not one of {', '.join(sorted(ACCEPTED_TYPES))}.",
+        )
     limit = settings.max_original_bytes
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit):
-        raise Refused("SIZE_INVALID", f"size must be between 1 and {limit} bytes, got {size!r}")
+        raise Refused("SIZE_INVALID", f"The size must be between 1 and {limit} bytes, not {_shown(size)}.")
     if not isinstance(keep_location, bool):
-        raise Refused("KEEP_LOCATION_INVALID", f"keepLocation must be true or false, got {keep_location!r}")
+        raise Refused(
+            "KEEP_LOCATION_INVALID", f"keepLocation must be true or false, not {_shown(keep_location)}."
+        )
 
     photo_id = uuid.uuid4()
     key = original_key(settings.stage, album, photo_id, name)
     with engine.begin() as connection:
+        # The backend's photos belong to no user; a user's need the album to be theirs or shared.
+        owner = user_of(caller)
+        if owner is not None and not machine.admit_to_album(connection, album, owner):
+            raise Forbidden("ALBUM_FORBIDDEN", "This album is another user's, and was not shared with you.")
         machine.register(connection, photo_id, album, key, keep_location=keep_location, owner=owner)
     # Signed, not sent: the browser's POST carries the policy, and S3 refuses what it does not allow.
     post = s3.generate_presigned_post(
@@ -141,7 +206,40 @@ def _album(album_id: str | UUID) -> UUID:
     try:
         return parse_uuid(album_id)
     except MalformedKey:
-        raise Refused("ALBUM_ID_INVALID", f"the album id must be a UUID, got {album_id!r}") from None
+        raise Refused("ALBUM_ID_INVALID", f"The album id must be a UUID, not {_shown(album_id)}.") from None
+
+
+def _shown(value: object) -> str:
+    """A value as a message quotes it: short (a 5,000-digit int has no repr at all, by Python's
+    integer-string limit)."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:
+        return "a number too long to show"
+
+
+def share_album(engine: Engine, album_id: str | UUID, member: str, *, caller: Caller) -> None:
+    """`member` may register into `album_id` (the backend's call); an album nobody owns yet becomes
+    `member`'s, as if they had registered into it first."""
+    album, user = _album(album_id), _member(member, caller)
+    with engine.begin() as connection:
+        machine.share_album(connection, album, user)
+
+
+def unshare_album(engine: Engine, album_id: str | UUID, member: str, *, caller: Caller) -> bool:
+    """`member` may no longer register into `album_id` (the backend's call); the photos they put there
+    stay theirs. False if they were not a member (an album's owner is not one: an owner stays)."""
+    album, user = _album(album_id), _member(member, caller)
+    with engine.begin() as connection:
+        return machine.unshare_album(connection, album, user)
+
+
+def _member(member: str, caller: Caller) -> str:
+    if user_of(caller) is not None:
+        raise Forbidden("BACKEND_ONLY", "Only the app's backend shares albums.")
+    if not usable_subject(member):
+        raise Refused("USER_ID_INVALID", f"A user id is a token's subject, not {_shown(member)}.")
+    return member
 
 
 # What a client shows its user for a failed photo, by code.
@@ -164,12 +262,13 @@ IN_WORDS = {
 
 
 def status(
-    engine: Engine, photo_id: str | UUID, *, base_url: str = "", owner: str | None = None
+    engine: Engine, photo_id: str | UUID, *, caller: Caller, base_url: str = ""
 ) -> dict[str, Any] | None:
     """What a polling client needs: the state, the error in words, the variants (with URLs under
     `base_url` when one is set), the placeholder and, once published, the capture metadata (as the
-    payload carries it); None for an unknown photo, or, given an `owner`, for one that user did
-    not register."""
+    payload carries it); None for an unknown photo, or one a user caller may not see (neither
+    theirs nor in their album)."""
+    user = user_of(caller)
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
@@ -180,7 +279,7 @@ def status(
             .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
             .where(photos.c.id == photo_uuid)
         ).one_or_none()
-        if photo is None or (owner is not None and photo.owner != owner):
+        if photo is None or (user is not None and not machine.may_touch(connection, photo_uuid, user)):
             return None
         variants = connection.execute(
             select(photo_variants)
@@ -230,7 +329,7 @@ def delete(
     settings: Settings,
     photo_id: str | UUID,
     *,
-    owner: str | None = None,
+    caller: Caller,
     cdn: invalidations.Invalidator | None = None,
 ) -> bool:
     """The photo leaves the product everywhere the product put it: its rows and waiting events at
@@ -238,13 +337,17 @@ def delete(
     the CDN's copies (with CDN_DISTRIBUTION_ID: its variants path, sent through `cdn` at once, else
     or if refused by the sweep). A render that raced it commits nothing; objects it may have put
     meanwhile are purged by the sweep once no worker can still hold the photo (STALE_AFTER_SECONDS).
-    False for an unknown photo, or, given an `owner`, for one that user did not register."""
+    False for an unknown photo, or one a user caller may not delete (neither theirs nor in their
+    album: an album's owner may delete what a member put in it)."""
+    user = user_of(caller)
     try:
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
         return False
     with engine.begin() as connection:
-        deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay, owner=owner)
+        if user is not None and not machine.may_touch(connection, photo_uuid, user):
+            return False
+        deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay)
         if deleted is None:
             return False
         writer.append_deleted(connection, deleted)

@@ -121,6 +121,7 @@ def test_the_runtime_role_runs_the_whole_flow_and_no_ddl(shared: Shared, infra: 
         album_id=uuid.uuid4(),
         file_name="g.jpg",
         content_type="image/jpeg",
+        caller=uploads.BACKEND,
     )
     data = (samples.IMAGES / "Garden.jpg").read_bytes()
     form = requests.post(
@@ -128,12 +129,18 @@ def test_the_runtime_role_runs_the_whole_flow_and_no_ddl(shared: Shared, infra: 
     )
     assert form.ok
     poll_until(
-        infra, lambda: (uploads.status(engine, registration.photo_id) or {}).get("state") == "published"
+        infra,
+        lambda: (
+            (uploads.status(engine, registration.photo_id, caller=uploads.BACKEND) or {}).get("state")
+            == "published"
+        ),
     )
     context = LambdaContext(timeout_seconds=60)
     assert handlers.load("sweep").lambda_handler({"source": "aws.events"}, context)["errors"] == 0
     handlers.load("relay").lambda_handler({"source": "aws.events"}, context)
-    assert uploads.delete(engine, S3Store(infra.s3, BUCKET), settings, registration.photo_id)
+    assert uploads.delete(
+        engine, S3Store(infra.s3, BUCKET), settings, registration.photo_id, caller=uploads.BACKEND
+    )
     handlers.load("relay").lambda_handler({"source": "aws.events"}, context)
     events = [e["detail-type"] for e in stack.received(infra.sqs, bus.queue_url)]
     assert sorted(events) == ["photo.deleted", "photo.published"]

@@ -59,7 +59,7 @@ def test_a_deleted_photos_dead_letter_is_removed_by_the_redrive(fast: Infra, db:
     assert len(dead_letters(fast)) == 1
 
     # WHEN the user deletes the failed photo
-    assert uploads.delete(db, S3Store(fast.s3, BUCKET), fast.settings, shot.photo_id)
+    assert uploads.delete(db, S3Store(fast.s3, BUCKET), fast.settings, shot.photo_id, caller=uploads.BACKEND)
 
     # AND the operator redrives the DLQ, as the alarm's runbook says
     summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
@@ -101,7 +101,7 @@ def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_redr
 
     def deleted_meanwhile(self: SqsQueue, photo_id: UUID, *args: Any, **kw: Any) -> bool:
         # the user's DELETE commits while the sweep holds the letter
-        assert uploads.delete(db, S3Store(fast.s3, BUCKET), fast.settings, photo_id)
+        assert uploads.delete(db, S3Store(fast.s3, BUCKET), fast.settings, photo_id, caller=uploads.BACKEND)
         return real(self, photo_id, *args, **kw)
 
     monkeypatch.setattr(SqsQueue, "send_dead_letter", deleted_meanwhile)
@@ -139,7 +139,9 @@ def test_a_deleted_photo_that_was_rerendered_leaves_no_retired_variant_rows(
     with db.connect() as c:
         assert c.scalar(select(func.count()).select_from(RetiredVariant)) > 0
 
-    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, shot.photo_id)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, shot.photo_id, caller=uploads.BACKEND
+    )
     with db.connect() as c:
         rows = c.execute(
             select(RetiredVariant.storage_key, RetiredVariant.delete_after).where(
@@ -294,7 +296,7 @@ def test_behind_a_jwt_authorizer_only_the_user_who_registered_a_photo_reads_or_d
         album_id=album,
         file_name="b.jpg",
         content_type="image/jpeg",
-        owner="alice",
+        caller=uploads.User("alice"),
     )
     assert (
         call("DELETE", f"/photos/{again.photo_id}", "/photos/{photoId}", {"photoId": str(again.photo_id)})[
@@ -315,10 +317,16 @@ def test_status_says_processing_while_a_failed_photo_is_given_its_attempts_again
     state=failed with the old error: a polling client (the gallery's watch() returns on 'failed')
     stops and never sees the photo published."""
     reg = uploads.register(
-        db, infra.s3, infra.settings, album_id=str(uuid.uuid4()), file_name="a.jpg", content_type="image/jpeg"
+        db,
+        infra.s3,
+        infra.settings,
+        album_id=str(uuid.uuid4()),
+        file_name="a.jpg",
+        content_type="image/jpeg",
+        caller=uploads.BACKEND,
     )
     requests.post(reg.url, data=reg.fields, files={"file": ("a.jpg", b"not a picture")}, timeout=30)
-    poll_until(infra, lambda: uploads.status(db, reg.photo_id)["state"] == "failed")
+    poll_until(infra, lambda: uploads.status(db, reg.photo_id, caller=uploads.BACKEND)["state"] == "failed")
 
     # the user uploads the real file again with the same (still valid) POST: the job reopens
     data = (samples.IMAGES / "Garden.jpg").read_bytes()
@@ -326,7 +334,7 @@ def test_status_says_processing_while_a_failed_photo_is_given_its_attempts_again
     # (the operator's retry does the same: operator.reset_failed)
     operator.reset_failed(bootstrap.engine(), [reg.photo_id])
     print("job:", job(db, reg.photo_id))
-    answer = uploads.status(db, reg.photo_id)
+    answer = uploads.status(db, reg.photo_id, caller=uploads.BACKEND)
     print("status:", {k: answer[k] for k in ("state", "errorCode", "error")})
     assert job(db, reg.photo_id)[0] == "pending"
     assert answer["state"] == "processing", "status says failed for a photo whose job is pending again"

@@ -89,7 +89,7 @@ def test_a_photo_publishes_its_ladder_in_both_formats_with_rows_objects_and_payl
     assert_agree(infra, variant_rows(db, shot.photo_id), payload, BOTH)
     # AND the status answer lists the ladder with the URLs under the configured base
     infra.configure(variant_base_url="https://cdn.example.com")
-    status = api.status(db, shot.photo_id, base_url=infra.settings.variant_base_url)
+    status = api.status(db, shot.photo_id, base_url=infra.settings.variant_base_url, caller=api.BACKEND)
     assert status is not None
     assert [(s["key"], s["contentType"]) for s in status["ladder"]] == [
         (s.key, s.content_type) for s in payload.ladder or ()

@@ -706,7 +706,9 @@ class JobStateMachine(RuleBasedStateMachine):
             self._delete(photo_id)
 
     def _delete(self, photo_id: uuid.UUID) -> None:
-        app_uploads.delete(self.engine, self._object_store(), self.settings, photo_id)
+        app_uploads.delete(
+            self.engine, self._object_store(), self.settings, photo_id, caller=app_uploads.BACKEND
+        )
         self.deleted.add(photo_id)
         if self.queue.during_send is not None and self.queue.during_send[0] == photo_id:
             self.queue.during_send = None  # no letter of it will be sent

@@ -1322,6 +1322,8 @@ def test_checkov() -> None:
 # --- uploads from an app (SPEC 17) ----------------------------------------------------------------
 
 ROUTES = ("RegisterRoute", "StatusRoute", "DeleteRoute")
+# The backend's alone, whatever UploadAuthorizer says (SPEC 19).
+MEMBER_ROUTES = ("ShareAlbumRoute", "UnshareAlbumRoute")
 
 
 def test_the_upload_api_is_iam_authorized_by_default_every_route() -> None:
@@ -1349,11 +1351,24 @@ def test_a_jwt_authorizer_takes_its_issuer_and_audience_from_the_parameters() ->
     for route in ROUTES:
         assert stack.properties(route)["AuthorizationType"] == "JWT"
         assert stack.properties(route)["AuthorizerId"] == "<UploadJwtAuthorizer>"
+    # sharing an album stays the backend's: a user's token is no authority for it
+    for route in MEMBER_ROUTES:
+        assert stack.properties(route)["AuthorizationType"] == "AWS_IAM"
+        assert "AuthorizerId" not in stack.properties(route)
+
+
+def test_the_backend_shares_albums_on_its_own_routes() -> None:
+    stack = Stack()
+    keys = {stack.properties(route)["RouteKey"] for route in MEMBER_ROUTES}
+    assert keys == {"PUT /albums/{albumId}/members/{userId}", "DELETE /albums/{albumId}/members/{userId}"}
+    for route in MEMBER_ROUTES:
+        assert stack.properties(route)["AuthorizationType"] == "AWS_IAM"
+        assert stack.properties(route)["Target"] == stack.properties("RegisterRoute")["Target"]
 
 
 def test_without_the_upload_api_nothing_of_it_is_created() -> None:
     resources = Stack(UploadApi="false").resources()
-    assert not {name for name in resources if name.startswith("Upload") or name in ROUTES}
+    assert not {name for name in resources if name.startswith("Upload") or name in ROUTES + MEMBER_ROUTES}
 
 
 def test_browsers_may_post_from_the_apps_origins_and_nothing_else() -> None:

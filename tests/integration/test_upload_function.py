@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import requests
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from devkit import handlers
 from devkit.poller import LambdaContext
@@ -120,3 +120,258 @@ def test_a_bad_request_is_400_with_its_reason(
     answer = register(album or str(uuid.uuid4()), body)
     assert answer["statusCode"] == 400
     assert json.loads(answer["body"])["reason"] == reason
+
+
+# --- who calls: the caller as the authorizer says ---------------------------------------------------
+
+
+def as_caller(event: dict[str, Any], authorizer: Any) -> dict[str, Any]:
+    """The event as API Gateway hands it over behind another authorizer (`authorizer` is the
+    requestContext's block; a missing one is a route without authorization)."""
+    if authorizer is None:
+        event["requestContext"].pop("authorizer", None)
+    else:
+        event["requestContext"]["authorizer"] = authorizer
+    return event
+
+
+def jwt(sub: Any = None, **claims: Any) -> dict[str, Any]:
+    return {"jwt": {"claims": ({"sub": sub} if sub is not None else {}) | claims, "scopes": None}}
+
+
+def request(method: str, path: str, route: str, authorizer: Any, body: Any = None, **parameters: str) -> int:
+    event = copy.deepcopy(load_event("http_api_register"))
+    event["routeKey"] = event["requestContext"]["routeKey"] = f"{method} {route}"
+    event["rawPath"] = event["requestContext"]["http"]["path"] = path
+    event["requestContext"]["http"]["method"] = method
+    event["pathParameters"] = parameters
+    event["body"] = None if body is None else (body if isinstance(body, str) else json.dumps(body))
+    answer: dict[str, Any] = upload.lambda_handler(as_caller(event, authorizer), LambdaContext())
+    return int(answer["statusCode"])
+
+
+def register_as(authorizer: Any, album_id: str, file_name: str = "a.jpg") -> dict[str, Any]:
+    event = copy.deepcopy(load_event("http_api_register"))
+    event["rawPath"] = event["requestContext"]["http"]["path"] = f"/albums/{album_id}/photos"
+    event["pathParameters"] = {"albumId": album_id}
+    event["body"] = json.dumps({"fileName": file_name, "contentType": "image/jpeg"})
+    answer: dict[str, Any] = upload.lambda_handler(as_caller(event, authorizer), LambdaContext())
+    return answer
+
+
+@pytest.mark.parametrize(
+    "authorizer",
+    [
+        jwt(None, client_id="machine"),
+        jwt(""),
+        jwt(42),
+        jwt(["alice"]),
+        {"jwt": {"claims": None}},
+        {"jwt": None},
+        {"lambda": {"sub": "alice"}},
+        {},
+        None,
+    ],
+    ids=[
+        "jwt-no-sub",
+        "jwt-empty-sub",
+        "jwt-sub-number",
+        "jwt-sub-list",
+        "jwt-claims-null",
+        "jwt-null",
+        "lambda-authorizer",
+        "empty-authorizer",
+        "no-authorizer",
+    ],
+)
+def test_a_request_without_a_usable_subject_is_401_and_touches_no_photo(
+    infra: Infra, db: Engine, authorizer: Any
+) -> None:
+    # GIVEN alice's photo, registered behind the JWT authorizer
+    made = register_as(jwt("alice"), str(uuid.uuid4()))
+    assert made["statusCode"] == 201
+    photo = json.loads(made["body"])["photoId"]
+
+    # WHEN a caller with no usable subject reads it, deletes it, or registers
+    path = f"/photos/{photo}"
+    read = request("GET", path, "/photos/{photoId}", authorizer, photoId=photo)
+    deleted = request("DELETE", path, "/photos/{photoId}", authorizer, photoId=photo)
+    registered = register_as(authorizer, str(uuid.uuid4()))["statusCode"]
+
+    # THEN each is 401, never the backend's rights, and alice's photo is still hers
+    assert (read, deleted, registered) == (401, 401, 401)
+    assert request("GET", path, "/photos/{photoId}", jwt("alice"), photoId=photo) == 200
+
+
+# --- albums behind the JWT authorizer ---------------------------------------------------------------
+
+
+def test_behind_a_jwt_authorizer_another_users_registration_into_an_album_is_403(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN alice's album: she registered into it first
+    album = str(uuid.uuid4())
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+    # WHEN mallory registers into it
+    answer = register_as(jwt("mallory"), album, "mine.jpg")
+
+    # THEN 403 ALBUM_FORBIDDEN, and nothing of mallory's is written
+    assert answer["statusCode"] == 403
+    assert json.loads(answer["body"])["reason"] == "ALBUM_FORBIDDEN"
+    with db.connect() as c:
+        assert c.execute(text("SELECT owner FROM photos")).scalars().all() == ["alice"]
+
+
+# --- malformed requests -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"fileName": "a.jpg", "contentType": "image/jpeg", "x": ' + "[" * 5_000 + "]" * 5_000 + "}",
+        '{"fileName": "a.jpg", "contentType": "image/jpeg", "size": ' + "9" * 5_000 + "}",
+        '{"fileName": "a.jpg", "contentType": "image/jpeg", "size": ' + "9" * 4_000 + "}",
+        '{"fileName": "' + "a" * 20_000 + '.jpg", "contentType": "image/jpeg"}',
+    ],
+    ids=[
+        "nested-100000-deep",
+        "nested-5000-deep-inside",
+        "size-5000-digits",
+        "size-4000-digits",
+        "body-20-kb",
+    ],
+)
+def test_a_malformed_body_is_400_with_a_reason_a_person_can_read(infra: Infra, db: Engine, body: str) -> None:
+    # GIVEN a body no registration can be: too deep, a number too long, too large
+    # WHEN it is posted
+    answer = register(str(uuid.uuid4()), body)
+
+    # THEN 400 with a reason and a sentence, never the function's crash, and nothing is written
+    assert answer["statusCode"] == 400, answer
+    refused = json.loads(answer["body"])
+    assert set(refused) == {"reason", "message"}
+    assert refused["reason"] in ("BODY_INVALID", "BODY_TOO_LARGE", "SIZE_INVALID")
+    assert 10 < len(refused["message"]) < 300
+    with db.connect() as c:
+        assert c.scalar(text("SELECT count(*) FROM photos")) == 0
+
+
+def test_a_base64_body_that_is_not_base64_is_400(infra: Infra, db: Engine) -> None:
+    # GIVEN a body flagged base64 that is not
+    event = copy.deepcopy(load_event("http_api_register"))
+    event["body"], event["isBase64Encoded"] = "not base64!", True
+
+    # WHEN it is posted, THEN 400 BODY_INVALID
+    answer = upload.lambda_handler(event, LambdaContext())
+    assert answer["statusCode"] == 400
+    assert json.loads(answer["body"])["reason"] == "BODY_INVALID"
+
+
+def members(method: str, authorizer: Any, album_id: str, user_id: str) -> dict[str, Any]:
+    event = copy.deepcopy(load_event("http_api_register"))
+    path = f"/albums/{album_id}/members/{user_id}"
+    event["routeKey"] = event["requestContext"]["routeKey"] = (
+        f"{method} /albums/{{albumId}}/members/{{userId}}"
+    )
+    event["rawPath"] = event["requestContext"]["http"]["path"] = path
+    event["requestContext"]["http"]["method"] = method
+    event["pathParameters"] = {"albumId": album_id, "userId": user_id}
+    event["body"] = None
+    answer: dict[str, Any] = upload.lambda_handler(as_caller(event, authorizer), LambdaContext())
+    return answer
+
+
+IAM = load_event("http_api_register")["requestContext"]["authorizer"]
+
+
+def test_the_backend_shares_an_album_and_takes_it_back(infra: Infra, db: Engine) -> None:
+    # GIVEN alice's album
+    album = str(uuid.uuid4())
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+    # WHEN the backend shares it with bob, THEN bob registers into it
+    assert members("PUT", IAM, album, "bob")["statusCode"] == 204
+    assert members("PUT", IAM, album, "bob")["statusCode"] == 204  # again: nothing new
+    assert register_as(jwt("bob"), album)["statusCode"] == 201
+
+    # WHEN the backend takes it back, THEN bob is refused again, and a second removal is 404
+    assert members("DELETE", IAM, album, "bob")["statusCode"] == 204
+    assert register_as(jwt("bob"), album)["statusCode"] == 403
+    assert members("DELETE", IAM, album, "bob")["statusCode"] == 404
+    # AND alice, its owner, is no member to remove: she stays its owner
+    assert members("DELETE", IAM, album, "alice")["statusCode"] == 404
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+
+def test_sharing_an_album_nobody_owns_makes_the_user_its_owner(infra: Infra, db: Engine) -> None:
+    # GIVEN an album only the backend has registered into
+    album = str(uuid.uuid4())
+    assert register_as(IAM, album)["statusCode"] == 201
+
+    # WHEN the backend shares it with carol
+    assert members("PUT", IAM, album, "carol")["statusCode"] == 204
+
+    # THEN it is carol's: she registers, dave does not
+    assert register_as(jwt("carol"), album)["statusCode"] == 201
+    assert register_as(jwt("dave"), album)["statusCode"] == 403
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE"])
+def test_only_the_backend_shares_albums(infra: Infra, db: Engine, method: str) -> None:
+    # GIVEN alice's album
+    album = str(uuid.uuid4())
+    assert register_as(jwt("alice"), album)["statusCode"] == 201
+
+    # WHEN alice herself (a JWT) adds or removes a member
+    answer = members(method, jwt("alice"), album, "mallory")
+
+    # THEN 403 BACKEND_ONLY, and mallory is no member
+    assert answer["statusCode"] == 403
+    assert json.loads(answer["body"])["reason"] == "BACKEND_ONLY"
+    assert register_as(jwt("mallory"), album)["statusCode"] == 403
+
+
+def test_a_membership_of_an_album_id_that_is_no_uuid_is_400(infra: Infra, db: Engine) -> None:
+    answer = members("PUT", IAM, "nope", "bob")
+    assert answer["statusCode"] == 400
+    assert json.loads(answer["body"])["reason"] == "ALBUM_ID_INVALID"
+
+
+def test_an_albums_owner_reads_and_deletes_a_members_photo_and_the_member_not_the_owners(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN alice's album, shared with bob, and a photo of each in it
+    album = str(uuid.uuid4())
+    alices = json.loads(register_as(jwt("alice"), album)["body"])["photoId"]
+    assert members("PUT", IAM, album, "bob")["statusCode"] == 204
+    bobs = json.loads(register_as(jwt("bob"), album)["body"])["photoId"]
+
+    def photo(method: str, user: str, photo_id: str) -> int:
+        return request(method, f"/photos/{photo_id}", "/photos/{photoId}", jwt(user), photoId=photo_id)
+
+    # THEN bob neither reads nor deletes alice's photo (as for an unknown one)
+    assert (photo("GET", "bob", alices), photo("DELETE", "bob", alices)) == (404, 404)
+    # AND alice, the album's owner, reads and deletes bob's
+    assert photo("GET", "alice", bobs) == 200
+    assert photo("DELETE", "alice", bobs) == 204
+    assert photo("GET", "bob", bobs) == 404
+
+
+def test_an_album_the_backend_filled_is_no_users_to_claim(infra: Infra, db: Engine) -> None:
+    # GIVEN an album the backend registered a photo into (no user owns it)
+    album = str(uuid.uuid4())
+    backends = json.loads(register_as(IAM, album)["body"])["photoId"]
+
+    # WHEN mallory registers into it, reads and deletes the backend's photo
+    claimed = register_as(jwt("mallory"), album)["statusCode"]
+    path = f"/photos/{backends}"
+    read = request("GET", path, "/photos/{photoId}", jwt("mallory"), photoId=backends)
+    deleted = request("DELETE", path, "/photos/{photoId}", jwt("mallory"), photoId=backends)
+
+    # THEN she is refused, and the photo is untouched: only the backend's sharing opens the album
+    assert (claimed, read, deleted) == (403, 404, 404)
+    with db.connect() as c:
+        assert c.scalar(text("SELECT count(*) FROM albums")) == 0
+        assert c.scalar(text("SELECT count(*) FROM photos")) == 1

@@ -8,6 +8,7 @@ LocalStack, which does (tests/localstack).
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, select, text, update
 
 from devkit import handlers, samples
 from photo_publish import bootstrap, operator, uploads
@@ -41,7 +42,12 @@ def post(registration: uploads.Registration, data: bytes, file_name: str = "phot
 
 
 def register(infra: Infra, db: Engine, **overrides: Any) -> uploads.Registration:
-    request = {"album_id": str(uuid.uuid4()), "file_name": "Garden.jpg", "content_type": "image/jpeg"}
+    request = {
+        "album_id": str(uuid.uuid4()),
+        "file_name": "Garden.jpg",
+        "content_type": "image/jpeg",
+        "caller": uploads.BACKEND,
+    }
     return uploads.register(db, infra.s3, infra.settings, **(request | overrides))
 
 
@@ -67,14 +73,16 @@ def test_a_registered_upload_posted_by_a_browser_is_published(infra: Infra, db: 
         assert (
             c.scalar(select(PhotoJob.status).where(PhotoJob.photo_id == registration.photo_id)) == "pending"
         )
-    assert uploads.status(db, registration.photo_id)["state"] == "processing"  # type: ignore[index]
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "processing"  # type: ignore[index]
 
     # WHEN the browser posts the file with the returned fields, and the queue runs
     assert post(registration, JPEG).status_code in (200, 201, 204)
     poll_until(infra, published(db, registration.photo_id))
 
     # THEN the photo is published, and its status says so with URLs under the configured base
-    answer = uploads.status(db, registration.photo_id, base_url="https://cdn.example.com/")
+    answer = uploads.status(
+        db, registration.photo_id, base_url="https://cdn.example.com/", caller=uploads.BACKEND
+    )
     assert answer is not None and answer["state"] == "published" and answer["error"] is None
     browse = answer["variants"]["browse"]
     assert browse["url"] == f"https://cdn.example.com/{browse['key']}"
@@ -135,6 +143,7 @@ def test_the_upload_functions_client_signs_the_post_with_sigv4(infra: Infra, db:
         album_id=uuid.uuid4(),
         file_name="a.jpg",
         content_type="image/jpeg",
+        caller=uploads.BACKEND,
     )
     assert registration.fields["x-amz-algorithm"] == "AWS4-HMAC-SHA256"
     assert {"x-amz-credential", "x-amz-date", "x-amz-signature"} <= set(registration.fields)
@@ -165,12 +174,17 @@ def test_motos_server_stores_a_post_that_breaks_its_policy(infra: Infra, db: Eng
 def test_a_failed_photo_says_why_in_words(infra: Infra, db: Engine) -> None:
     registration = register(infra, db)
     post(registration, b"not a picture at all")
-    poll_until(infra, lambda: uploads.status(db, registration.photo_id)["state"] == "failed")  # type: ignore[index]
-    answer = uploads.status(db, registration.photo_id)
+    poll_until(
+        infra, lambda: uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "failed"
+    )  # type: ignore[index]
+    answer = uploads.status(db, registration.photo_id, caller=uploads.BACKEND)
     assert answer is not None
     assert answer["errorCode"] in ("UNSUPPORTED_FORMAT", "DECODE_FAILED")
     assert answer["error"] == uploads.IN_WORDS[uploads.ErrorCode(answer["errorCode"])]
-    assert uploads.status(db, uuid.uuid4()) is None and uploads.status(db, "nonsense") is None
+    assert (
+        uploads.status(db, uuid.uuid4(), caller=uploads.BACKEND) is None
+        and uploads.status(db, "nonsense", caller=uploads.BACKEND) is None
+    )
 
 
 def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
@@ -184,7 +198,7 @@ def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
 
     # WHEN it is deleted
     store = S3Store(infra.s3, BUCKET)
-    assert uploads.delete(db, store, infra.settings, registration.photo_id)
+    assert uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
 
     # THEN no object and no row is left; one photo.deleted event, one version past the photo's last
     assert keys_under(infra, registration.album_id, registration.photo_id) == []
@@ -201,8 +215,8 @@ def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
     deleted = PhotoDeletedPayload.from_json(events[-1].payload)
     assert deleted.entity_version == 3  # 1, published 2, deleted 3
     # AND a second deletion is an unknown photo's
-    assert not uploads.delete(db, store, infra.settings, registration.photo_id)
-    assert uploads.status(db, registration.photo_id) is None
+    assert not uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND) is None
 
 
 def test_an_album_erasure_reaches_the_cdn_in_a_bounded_number_of_calls(
@@ -239,7 +253,9 @@ def test_without_a_cdn_a_deletion_asks_nothing_of_cloudfront(infra: Infra, db: E
     registration = register(infra, db)
 
     # WHEN the photo is deleted
-    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
+    )
 
     # THEN nothing is recorded to invalidate, and CloudFront is not called
     assert cdn.waiting(db) == {}
@@ -252,7 +268,9 @@ def test_an_upload_event_for_a_deleted_photo_is_acknowledged_not_retried_until_i
     # GIVEN a photo deleted before its upload's notification was processed
     registration = register(infra, db)
     post(registration, JPEG)
-    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
+    )
 
     # WHEN the notification is delivered
     poller = poll_until(infra, lambda: True)
@@ -284,7 +302,9 @@ def test_a_deletion_racing_a_render_leaves_nothing_once_the_sweep_purged(
     worker = threading.Thread(target=lambda: poll_until(infra, putting.is_set).poll_once())
     worker.start()
     assert putting.wait(30)
-    assert uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
+    )
     deleted.set()
     worker.join(60)
 
@@ -310,7 +330,7 @@ def test_an_upload_that_finishes_after_the_deletion_and_its_purge_is_purged_agai
     # GIVEN a photo deleted while its browser was still uploading, and the sweep's purge done
     registration = register(infra, db)
     store = S3Store(infra.s3, BUCKET)
-    assert uploads.delete(db, store, infra.settings, registration.photo_id)
+    assert uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
     with db.begin() as c:
         c.execute(update(deleted_photos).values(purge_after=func.now() - timedelta(seconds=1)))
     bootstrap.reset()
@@ -335,3 +355,102 @@ def _context() -> Any:
     from devkit.poller import LambdaContext
 
     return LambdaContext(timeout_seconds=60)
+
+
+@pytest.mark.parametrize(
+    "file_name",
+    [
+        "${filename}",
+        "holiday-${filename}",
+        "$${filename}}",
+        "${",
+        "a$\x00{filename}.jpg",
+        "$\u202e{filename}",
+        "${filename}" * 40,
+        "x" * 250 + "${filename}",
+        "ok.jpg",
+        "Été ${x}.jpg",
+    ],
+)
+def test_the_policy_binds_exactly_the_key_the_server_built(infra: Infra, db: Engine, file_name: str) -> None:
+    # GIVEN a registration whose file name holds what S3 substitutes in a POST form (`${filename}`)
+    registration = register(infra, db, file_name=file_name)
+
+    # THEN the key holds no `${`, and the policy has only exact conditions on the key, no prefix
+    assert "${" not in registration.key
+    policy = json.loads(base64.b64decode(registration.fields["policy"]))
+    on_key = [
+        c
+        for c in policy["conditions"]
+        if (isinstance(c, dict) and "key" in c) or (isinstance(c, list) and c[1] == "$key")
+    ]
+    assert on_key and all(c in ({"key": registration.key}, ["eq", "$key", registration.key]) for c in on_key)
+    assert registration.fields["key"] == registration.key
+
+
+def test_two_users_racing_to_create_one_album_leave_one_owner(infra: Infra, db: Engine) -> None:
+    # GIVEN photos' inserts held back, so that both registrations are inside their transactions
+    album = uuid.uuid4()
+    answers: dict[str, object] = {}
+
+    def register_in(user: str) -> None:
+        try:
+            answers[user] = register(infra, db, album_id=album, caller=uploads.User(user))
+        except uploads.Forbidden as forbidden:
+            answers[user] = forbidden.reason
+
+    with db.connect() as holder:
+        holder.execute(text("LOCK TABLE photos IN SHARE MODE"))
+        threads = [threading.Thread(target=register_in, args=(user,)) for user in ("alice", "bob")]
+        for thread in threads:
+            thread.start()
+
+        # WHEN both wait: one for the photos' lock, the other for the first one's album row
+        def both_waiting() -> bool:
+            with db.connect() as c:
+                waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                return bool(c.execute(text(waiting)).scalar_one() >= 2)
+
+        poll_until(infra, both_waiting)
+        holder.rollback()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    # THEN one owns the album and registered; the other is refused, and wrote nothing
+    winner = next(user for user, answer in answers.items() if isinstance(answer, uploads.Registration))
+    assert sorted(map(str, answers.values()))[0] == "ALBUM_FORBIDDEN" and len(answers) == 2
+    with db.connect() as c:
+        assert c.execute(text("SELECT id, owner FROM albums")).all() == [(album, winner)]
+        assert c.execute(text("SELECT owner FROM photos")).scalars().all() == [winner]
+
+
+def test_a_users_registration_needs_the_album_to_be_theirs_or_shared_and_the_backend_may_do_anything(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN alice's album
+    album = uuid.uuid4()
+    register(infra, db, album_id=album, caller=uploads.User("alice"))
+
+    # THEN bob is refused, until the backend shares it; the backend registers into it at will
+    with pytest.raises(uploads.Forbidden) as refused:
+        register(infra, db, album_id=album, caller=uploads.User("bob"))
+    assert refused.value.reason == "ALBUM_FORBIDDEN"
+    register(infra, db, album_id=album, caller=uploads.BACKEND)
+    uploads.share_album(db, album, "bob", caller=uploads.BACKEND)
+    register(infra, db, album_id=album, caller=uploads.User("bob"))
+    # AND only the backend shares, and only with a user id a token could carry
+    with pytest.raises(uploads.Forbidden):
+        uploads.share_album(db, album, "mallory", caller=uploads.User("alice"))
+    with pytest.raises(uploads.Refused) as bad:
+        uploads.share_album(db, album, "bob\x00", caller=uploads.BACKEND)
+    assert bad.value.reason == "USER_ID_INVALID"
+    with pytest.raises(ValueError):
+        uploads.User("")
+    # AND no value stands for the backend but BACKEND: a None is refused, never trusted
+    for call in (
+        lambda: register(infra, db, album_id=album, caller=None),
+        lambda: uploads.status(db, uuid.uuid4(), caller=None),  # type: ignore[arg-type]
+        lambda: uploads.delete(db, S3Store(infra.s3, BUCKET), infra.settings, "x", caller=None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError):
+            call()

@@ -50,6 +50,7 @@ def register(infra: Infra, db: Engine, **overrides: Any) -> uploads.Registration
         "file_name": "Garden.jpg",
         "content_type": "image/jpeg",
         "size": len(JPEG),
+        "caller": uploads.BACKEND,
     }
     return uploads.register(db, bootstrap.s3_client(), settings, **(request | overrides))
 
@@ -168,7 +169,7 @@ def test_refused_posts_leave_the_photo_waiting_and_send_no_notification(infra: I
     assert post(registration, JPEG, **{"Content-Type": "image/png"}).status_code == 403
 
     # THEN the photo is still waiting for its upload, and the queue got nothing
-    assert uploads.status(db, registration.photo_id)["state"] == "processing"  # type: ignore[index]
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "processing"  # type: ignore[index]
     assert job(db, registration.photo_id)[0] == "pending"
     assert counts(infra, infra.queues.url) == (0, 0, 0)
 
@@ -196,7 +197,7 @@ def test_an_allowed_upload_is_stored_as_declared_and_published_to_the_bus(
     # AND its notification reaches the process handler, which publishes the photo
     poll_until(infra, published(db, registration.photo_id))
     assert photo(db, registration.photo_id) == ("ready", None, 2)
-    assert uploads.status(db, registration.photo_id)["state"] == "published"  # type: ignore[index]
+    assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND)["state"] == "published"  # type: ignore[index]
 
     # AND photo.published reaches the subscriber's queue through the bus (the hand-off after the
     # commit sent it; the relay, on its schedule, finds nothing left to send)
@@ -229,3 +230,27 @@ def test_localstack_does_not_check_the_policys_signature(infra: Infra, db: Engin
     # THEN LocalStack stores it (AWS would not)
     assert response.status_code == 204
     assert stored(infra, registration.key)
+
+
+@pytest.mark.parametrize("file_name", ["${filename}", "holiday-${filename}", "$${filename}}"])
+def test_a_form_registered_with_a_substitution_in_its_name_stores_only_the_registered_key(
+    infra: Infra, db: Engine, file_name: str
+) -> None:
+    # GIVEN a registration whose file name asked S3 to substitute the posted file's name
+    registration = register(infra, db, file_name=file_name)
+    prefix = registration.key.rsplit("/", 1)[0] + "/"
+
+    # WHEN the browser posts files of other names, and a form whose key asks for the substitution
+    for part in ("holiday.jpg", "a/b/c.jpg", "other.jpg"):
+        sent = requests.post(
+            registration.url, data=registration.fields, files={"file": (part, JPEG)}, timeout=30
+        )
+        assert sent.status_code in (200, 201, 204), sent.text
+    substituted = post(registration, JPEG, key=prefix + "${filename}")
+
+    # THEN the substitution is refused by the key's condition, and the one object under the photo's
+    # folder is the registered key, which holds no `${`
+    assert error(substituted) == (403, "AccessDenied", condition_failed(["eq", "$key", registration.key]))
+    listed = infra.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    assert [o["Key"] for o in listed] == [registration.key]
+    assert "${" not in registration.key

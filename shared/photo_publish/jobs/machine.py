@@ -21,6 +21,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Text,
+    Uuid,
     and_,
     case,
     false,
@@ -35,7 +36,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert
 
-from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, photos, retired_variants
+from photo_publish.adapters.tables import (
+    album_members,
+    albums,
+    deleted_photos,
+    outbox_events,
+    photo_jobs,
+    photos,
+    retired_variants,
+)
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
 
@@ -229,6 +238,73 @@ def ensure(connection: Connection, photo_id: UUID) -> None:
         .from_select(["photo_id"], select(photos.c.id).where(photos.c.id == photo_id))
         .on_conflict_do_nothing(index_elements=[photo_jobs.c.photo_id])
     )
+
+
+# -- albums under a JWT authorizer (SPEC 19) ------------------------------------------------------
+
+
+def admit_to_album(connection: Connection, album_id: UUID, user: str) -> bool:
+    """Whether `user` may register into `album_id`: its owner, or a member the backend shared it
+    with. A new album (no owner, no photo) becomes `user`'s: of two users racing to create it, the
+    second's insert waits for the first's commit and then reads the first as the owner. An album
+    the backend has filled is no user's to claim (its photos would become theirs to delete): only
+    sharing opens it. The rows read are locked against an unshare until the caller's transaction
+    (the photo's insert) commits."""
+    backend_filled = select(photos.c.id).where(photos.c.album_id == album_id).exists()
+    connection.execute(
+        insert(albums)
+        .from_select(
+            ["id", "owner"], select(literal(album_id, Uuid), literal(user, Text)).where(~backend_filled)
+        )
+        .on_conflict_do_nothing(index_elements=[albums.c.id])
+    )
+    owner = connection.scalar(
+        select(albums.c.owner).where(albums.c.id == album_id).with_for_update(read=True)
+    )
+    if owner == user:
+        return True
+    member = connection.scalar(
+        select(album_members.c.member)
+        .where(album_members.c.album_id == album_id, album_members.c.member == user)
+        .with_for_update(read=True)
+    )
+    return member is not None
+
+
+def share_album(connection: Connection, album_id: UUID, member: str) -> None:
+    """`member` may register into `album_id`; an album nobody owns yet becomes theirs."""
+    connection.execute(
+        insert(albums).values(id=album_id, owner=member).on_conflict_do_nothing(index_elements=[albums.c.id])
+    )
+    connection.execute(
+        insert(album_members)
+        .from_select(
+            ["album_id", "member"],
+            select(albums.c.id, literal(member, Text)).where(
+                albums.c.id == album_id, albums.c.owner != member
+            ),
+        )
+        .on_conflict_do_nothing(index_elements=[album_members.c.album_id, album_members.c.member])
+    )
+
+
+def unshare_album(connection: Connection, album_id: UUID, member: str) -> bool:
+    """`member` no longer may register into `album_id`; False if they were not a member."""
+    gone = connection.execute(
+        album_members.delete().where(album_members.c.album_id == album_id, album_members.c.member == member)
+    )
+    return gone.rowcount > 0
+
+
+def may_touch(connection: Connection, photo_id: UUID, user: str) -> bool:
+    """Whether `user` may read or delete the photo: they registered it, or it is in their album
+    (an album's owner answers for what members put in it)."""
+    found = connection.scalar(
+        select(photos.c.id)
+        .outerjoin(albums, albums.c.id == photos.c.album_id)
+        .where(photos.c.id == photo_id, or_(photos.c.owner == user, albums.c.owner == user))
+    )
+    return found is not None
 
 
 # -- an upload announced --------------------------------------------------------------------------
