@@ -25,6 +25,7 @@ from photo_publish.keys import original_key
 from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
+from tests.network_guard import GUARD
 from tests.polling import poll_until
 from tests.rows import job, photo, published
 
@@ -203,6 +204,8 @@ def test_a_row_locked_by_a_stuck_transaction_is_a_transient_failure_not_a_hang(
     with bootstrap.engine().connect() as probe:
         assert probe.scalar(text("SHOW lock_timeout")) == "500ms"
     with engine.connect() as stuck:
+        # Another process's session, as far as the test-wide guard of network calls is concerned.
+        GUARD.another_session(stuck)
         stuck.execute(select(PhotoJob).where(PhotoJob.photo_id == shot.photo_id).with_for_update())
 
         # WHEN the notification is delivered
