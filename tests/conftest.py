@@ -23,6 +23,10 @@ from devkit import stack
 from photo_publish import bootstrap
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.settings import Settings
+from tests.network_guard import GUARD
+
+# Before any engine or client exists: every one the tests or the code make is watched.
+GUARD.install()
 
 EVENTS = Path(__file__).parent / "events"
 STAGE = "dev"
@@ -31,6 +35,16 @@ TABLES = (
     "photos, photo_variants, photo_jobs, outbox_events, variant_recipes, retired_variants, deleted_photos,"
     " albums, album_members, cdn_invalidations"
 )
+
+
+@pytest.fixture(autouse=True)
+def no_network_in_transaction() -> Iterator[None]:
+    """Every test fails if an AWS call was made while its thread had a database transaction open
+    (SPEC 19), even one the code under test caught: tests/network_guard.py."""
+    with GUARD.checking() as violations:
+        yield
+    if violations:
+        pytest.fail("\n\n".join(str(v) for v in violations), pytrace=False)
 
 
 def load_event(name: str) -> dict[str, Any]:

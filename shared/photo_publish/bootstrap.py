@@ -225,11 +225,22 @@ def batch_processor() -> ConcurrentBatchProcessor:
 
 @_Once
 def sweeper() -> Sweeper:
+    from photo_publish.adapters.queue import DeadLetterQueue
     from photo_publish.adapters.storage import S3Store
     from photo_publish.jobs.sweep import Sweeper
 
     config = settings()
-    return Sweeper(engine(), queue(), config, store=S3Store(s3_client(), config.photo_bucket), cdn=cdn())
+    dead_letters = DeadLetterQueue(
+        sqs_client(), config.dead_letter_queue_url, bucket=config.photo_bucket, stage=config.stage
+    )
+    return Sweeper(
+        engine(),
+        queue(),
+        config,
+        store=S3Store(s3_client(), config.photo_bucket),
+        cdn=cdn(),
+        dead_letters=dead_letters if config.dead_letter_queue_url else None,
+    )
 
 
 def reset() -> None:

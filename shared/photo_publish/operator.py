@@ -27,12 +27,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy import Engine, select
 
 from photo_publish.adapters.models import Photo
-from photo_publish.adapters.queue import SqsQueue
+from photo_publish.adapters.queue import SqsQueue, letter_photo
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import deleted_photos
-from photo_publish.events import MalformedMessage, from_sqs_body
 from photo_publish.jobs import machine
-from photo_publish.keys import MalformedKey, parse_uuid
 from photo_publish.observability import logger
 from photo_publish.settings import STALE_AFTER_SECONDS, Settings
 
@@ -92,19 +90,6 @@ def _dead_letters(sqs: SQSClient, url: str) -> list[dict[str, Any]]:
         messages.extend(batch)
 
 
-def _photo_of(message: dict[str, Any], settings: Settings) -> UUID | None:
-    """The photo a dead letter is about; None for one that names none (or nonsense), which the
-    redrive leaves in the queue for a person instead of stopping on it."""
-    attribute = message.get("MessageAttributes", {}).get("photoId", {}).get("StringValue")
-    try:
-        if attribute:
-            return parse_uuid(attribute)
-        requests = from_sqs_body(message.get("Body", ""), bucket=settings.photo_bucket, stage=settings.stage)
-    except (MalformedKey, MalformedMessage):
-        return None
-    return requests[0].photo_id if requests else None
-
-
 def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bool = False) -> RedriveSummary:
     """Retry the photos whose messages sit in the dead-letter queue, then remove those messages.
 
@@ -117,7 +102,7 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
     by_photo: dict[UUID, list[dict[str, Any]]] = {}
     not_photos: list[dict[str, Any]] = []
     for message in _dead_letters(sqs, settings.dead_letter_queue_url):
-        photo_id = _photo_of(message, settings)
+        photo_id = letter_photo(message, bucket=settings.photo_bucket, stage=settings.stage)
         if photo_id is None:
             # Not a photo's message: left for a person to read (visible again at the end).
             not_photos.append(message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 import uuid
 from typing import Any
@@ -19,12 +20,16 @@ from sqlalchemy import Engine, func, select, text, update
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
+from photo_publish import uploads as app_uploads
 from photo_publish.adapters.models import OutboxEvent, PhotoJob, PhotoVariant
+from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
 from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
+from photo_publish.publish.repository import PhotoRepository
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
+from tests.network_guard import GUARD
 from tests.polling import poll_until
 from tests.rows import job, photo, published
 
@@ -203,6 +208,8 @@ def test_a_row_locked_by_a_stuck_transaction_is_a_transient_failure_not_a_hang(
     with bootstrap.engine().connect() as probe:
         assert probe.scalar(text("SHOW lock_timeout")) == "500ms"
     with engine.connect() as stuck:
+        # Another process's session, as far as the test-wide guard of network calls is concerned.
+        GUARD.another_session(stuck)
         stuck.execute(select(PhotoJob).where(PhotoJob.photo_id == shot.photo_id).with_for_update())
 
         # WHEN the notification is delivered
@@ -304,6 +311,42 @@ def test_three_transient_failures_dead_letter_once_and_an_operator_retry_publish
     assert dead_letters(fast) == []
     assert photo(db, shot.photo_id) == ("ready", None, 2)
     assert events(db, shot.photo_id) == 1
+
+
+def test_a_photo_deleted_as_its_final_failure_is_recorded_pages_nobody(
+    fast: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN S3 unreachable for reads, and the photo's user deleting it the moment its last attempt's
+    # failure is committed (before the worker sends the letter)
+    record_failure, deleted = PhotoRepository.fail, threading.Event()
+
+    def deleted_meanwhile(self: PhotoRepository, *args: Any, **kwargs: Any) -> Any:
+        failed = record_failure(self, *args, **kwargs)
+        if kwargs.get("final"):
+            user = threading.Thread(
+                target=lambda: app_uploads.delete(
+                    db, S3Store(fast.s3, BUCKET), fast.settings, shot.photo_id, caller=app_uploads.BACKEND
+                )
+            )
+            user.start()
+            user.join()
+            deleted.set()
+        return failed
+
+    monkeypatch.setattr(PhotoRepository, "fail", deleted_meanwhile)
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        shot = upload(fast, db)
+
+        # WHEN the photo is delivered until it is given up
+        poll_until(fast, deleted.is_set)
+
+    # THEN no letter was sent for it: nobody is paged for a photo that no longer exists
+    assert dead_letters(fast) == []
+    with db.connect() as c:
+        assert (
+            c.scalar(select(func.count()).select_from(PhotoJob).where(PhotoJob.photo_id == shot.photo_id))
+            == 0
+        )
 
 
 def test_a_final_failure_whose_dead_letter_is_refused_sends_it_when_the_message_comes_back(

@@ -77,7 +77,7 @@ def test_a_deleted_photos_dead_letter_is_removed_by_the_redrive(fast: Infra, db:
     # AND a second redrive, after the letter's 300 s invisibility, would say the same (unknown photo)
 
 
-def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_redrive(
+def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_sweep(
     fast: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The race the brief names: a final failure whose letter is owed (the DLQ refused it once), the
@@ -111,12 +111,12 @@ def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_redr
     left = dead_letters(fast)
     with db.connect() as c:
         assert c.scalar(select(func.count()).select_from(Photo)) == 0
-    # (a letter a sender holds may land any moment: nothing can take it back in flight)
-    assert len(left) == 1
-
-    # THEN the redrive the page leads to removes it, as it does a deleted photo's letter
-    summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
-    assert (summary.messages_removed, summary.left_in_queue, summary.photos) == (1, 0, [])
+    # THEN the letter on its way as the deletion committed landed, and the same run's sweep of the
+    # dead-letter queue removed it (SPEC 19: letters follow the photo)
+    assert left == [] and summary["lettersRemoved"] == 1
+    # AND a redrive finds nothing to do
+    redriven = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
+    assert (redriven.messages_removed, redriven.left_in_queue, redriven.photos) == (0, 0, [])
 
 
 @pytest.mark.usefixtures("recipe_before_the_ladder")

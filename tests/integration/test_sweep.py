@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+import boto3
 import pytest
 from sqlalchemy import Engine, func, insert, select, update
 
 from devkit import handlers, samples, stack, uploads
+from devkit.faultproxy import latency_proxy
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap, operator
+from photo_publish import uploads as app_uploads
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
-from photo_publish.adapters.tables import cdn_invalidations
+from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
 from photo_publish.errors import ErrorCode
+from photo_publish.jobs import machine
 from photo_publish.jobs.sweep import Sweeper
 from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests import cdn
@@ -422,3 +428,128 @@ def test_the_sweep_sends_waiting_paths_in_calls_of_at_most_15_wildcards(infra: I
         assert row in paths or row.rsplit("/", 2)[0] + "/*" in paths
     assert first["invalidated"] + second["invalidated"] == len(rows)
     assert cdn.waiting(db) == {}
+
+
+# --- bounded work (SPEC 19) ----------------------------------------------------------------------
+
+# The review's album erasure (500 photos, S3 at 70 ms a call, a 60 s function) scaled down: 100
+# photos, 5 s a run, 1 s of it kept in reserve. Purging one costs 2 S3 calls (a listing of each of its
+# two prefixes, nothing left to delete): 14 s for the album, so no single run can do it all.
+ERASED_PHOTOS = 100
+RUN_SECONDS = 5.0
+RESERVE_SECONDS = 1.0
+
+
+def erased_album(db: Engine, count: int) -> uuid.UUID:
+    """An album of `count` photos erased by the operator (`delete --album`), their tombstones due."""
+    album = uuid.uuid4()
+    ids = jobs(db, count)
+    with db.begin() as c:
+        c.execute(update(Photo).where(Photo.id.in_(ids)).values(album_id=album))
+    assert len(operator.delete_photos([], album)) == count
+    with db.begin() as c:
+        c.execute(update(deleted_photos).values(purge_after=ago(MINUTE)))
+    return album
+
+
+def test_an_album_erasure_is_purged_over_several_runs_each_inside_its_time(infra: Infra, db: Engine) -> None:
+    # GIVEN an erased album whose tombstones are due, and S3 answering each call after 70 ms
+    erased_album(db, ERASED_PHOTOS)
+    runs: list[tuple[int, float]] = []
+    with latency_proxy(os.environ["AWS_ENDPOINT_URL"], "slow-s3") as proxy:
+        queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
+        store = S3Store(boto3.client("s3", endpoint_url=proxy.url), BUCKET)
+        slow = Sweeper(db, queue, infra.settings, store=store)
+
+        # WHEN the sweep runs again and again, each run with 5 s left on its clock
+        while sum(purged for purged, _ in runs) < ERASED_PHOTOS and len(runs) < 10:
+            deadline = time.monotonic() + RUN_SECONDS
+            summary = slow.run(lambda: deadline - time.monotonic(), reserve_seconds=RESERVE_SECONDS)  # noqa: B023
+            runs.append((summary.deleted_purged, deadline - time.monotonic()))
+    print("photos purged per run, and seconds left at its end:", runs)
+
+    # THEN the first run purged some of them and kept them purged, later runs went on from there
+    # until all were, and no run outlived its time
+    assert 0 < runs[0][0] < ERASED_PHOTOS
+    assert sum(purged for purged, _ in runs) == ERASED_PHOTOS
+    assert all(left > 0 for _, left in runs)
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).where(deleted_photos.c.purged_at.is_(None))) == 0
+
+
+# --- letters follow the photo (SPEC 19) ----------------------------------------------------------
+
+
+def dead_letter_photos(infra: Infra) -> Counter[uuid.UUID]:
+    """The photos the dead-letter queue's visible letters name (received, then visible again)."""
+    named: Counter[uuid.UUID] = Counter()
+    url = infra.queues.dead_letter_url
+    received = []
+    while batch := infra.sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30, MessageAttributeNames=["All"]
+    ).get("Messages", []):
+        received += batch
+    for m in received:
+        named[uuid.UUID(m["MessageAttributes"]["photoId"]["StringValue"])] += 1
+        infra.sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    return named
+
+
+def delete(infra: Infra, db: Engine, photo_id: uuid.UUID) -> None:
+    """The user's DELETE, from another thread: a request of its own, not the sweep's."""
+    done: list[bool] = []
+    user = threading.Thread(
+        target=lambda: done.append(
+            app_uploads.delete(
+                db, S3Store(infra.s3, BUCKET), infra.settings, photo_id, caller=app_uploads.BACKEND
+            )
+        )
+    )
+    user.start()
+    user.join()
+    assert done == [True]
+
+
+def test_a_photo_deleted_while_the_sweep_holds_its_letter_pages_nobody(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a photo whose worker died on its last attempt, and its user deleting it once the sweep
+    # has failed it (WORKER_LOST, its letter now the sweep's to send) and before the letter is sent
+    (lost,) = jobs(db, 1, status="active", attempt=3, claimed_at=ago(10 * MINUTE))
+    lease_letters, deleted = machine.lease_letters, []
+
+    def deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        # The sweep's next step after failing it: the failure is committed, its letter not sent.
+        if not deleted:
+            delete(infra, db, lost)
+            deleted.append(lost)
+        return lease_letters(*args, **kwargs)
+
+    monkeypatch.setattr(machine, "lease_letters", deleted_meanwhile)
+
+    # WHEN the sweep runs
+    summary = sweeper(infra).run()
+
+    # THEN the photo was failed, but its letter was not sent: nobody is paged for a deleted photo
+    assert dead_letter_photos(infra) == Counter()
+    assert (summary.worker_lost, summary.dead_letters_sent, summary.letters_withdrawn) == (1, 0, 1)
+
+
+def test_a_deleted_photos_letter_leaves_the_dead_letter_queue_at_the_next_sweep(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN two photos whose workers died on their last attempt, paged by a sweep run
+    kept, deleted = jobs(db, 2, status="active", attempt=3, claimed_at=ago(10 * MINUTE))
+    sweep = handlers.load("sweep").lambda_handler
+    assert sweep({"source": "aws.events"}, LambdaContext(timeout_seconds=60))["deadLettersSent"] == 2
+    assert dead_letter_photos(infra) == Counter({kept: 1, deleted: 1})
+
+    # WHEN the user deletes one of them, and the sweep runs again
+    delete(infra, db, deleted)
+    result = sweep({"source": "aws.events"}, LambdaContext(timeout_seconds=60))
+
+    # THEN the deleted photo's letter is gone from the queue; the failed photo's stays, visible
+    assert result["lettersRemoved"] == 1
+    assert dead_letter_photos(infra) == Counter({kept: 1})

@@ -5,17 +5,24 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from photo_publish.errors import ErrorCode
+from photo_publish.events import MalformedMessage, from_sqs_body
+from photo_publish.keys import MalformedKey, parse_uuid
 from photo_publish.observability import logger
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
-    from mypy_boto3_sqs.type_defs import SendMessageBatchRequestEntryTypeDef
+    from mypy_boto3_sqs.type_defs import (
+        ChangeMessageVisibilityBatchRequestEntryTypeDef,
+        DeleteMessageBatchRequestEntryTypeDef,
+        SendMessageBatchRequestEntryTypeDef,
+    )
 
 # SQS caps both a message's delay and a visibility timeout (the latter at 12 hours).
 MAX_DELAY_SECONDS = 900
@@ -125,3 +132,70 @@ class SqsQueue:
             logger.warning("dead letter not sent", photo_id=str(photo_id), reason=repr(error))
             return False
         return True
+
+
+def letter_photo(message: Any, *, bucket: str, stage: str) -> UUID | None:
+    """The photo a dead letter is about: our own letters name it in an attribute, the queue's
+    (a message past its receive limit) in a job message's or an S3 event's body; None for one that
+    names none (or nonsense)."""
+    attribute = message.get("MessageAttributes", {}).get("photoId", {}).get("StringValue")
+    try:
+        if attribute:
+            return parse_uuid(attribute)
+        requests = from_sqs_body(message.get("Body", ""), bucket=bucket, stage=stage)
+    except (MalformedKey, MalformedMessage):
+        return None
+    return requests[0].photo_id if requests else None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    receipt_handle: str
+    photo_id: UUID | None
+
+
+class DeadLetterQueue:
+    """The dead-letter queue as the sweep reads it: a few letters at a time, those of deleted photos
+    removed, the others made visible again at once (for the operator, and the alarm)."""
+
+    def __init__(self, client: SQSClient, url: str, *, bucket: str, stage: str) -> None:
+        self._client = client
+        self._dead_letter_url = url
+        self._bucket = bucket
+        self._stage = stage
+
+    def receive_letters(self, visibility_seconds: int) -> list[DeadLetter]:
+        """Up to ten letters, hidden from other readers for `visibility_seconds`."""
+        response = self._client.receive_message(
+            QueueUrl=self._dead_letter_url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=visibility_seconds,
+            WaitTimeSeconds=0,
+            MessageAttributeNames=["All"],
+        )
+        messages = response.get("Messages", [])
+        return [
+            DeadLetter(m["ReceiptHandle"], letter_photo(m, bucket=self._bucket, stage=self._stage))
+            for m in messages
+        ]
+
+    def remove_letters(self, letters: Sequence[DeadLetter]) -> int:
+        """Delete the letters, ten a call; how many the queue deleted."""
+        removed = 0
+        for start in range(0, len(letters), 10):
+            entries: list[DeleteMessageBatchRequestEntryTypeDef] = [
+                {"Id": str(i), "ReceiptHandle": letter.receipt_handle}
+                for i, letter in enumerate(letters[start : start + 10])
+            ]
+            response = self._client.delete_message_batch(QueueUrl=self._dead_letter_url, Entries=entries)
+            removed += len(response.get("Successful", []))
+        return removed
+
+    def show_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """Visible again now; one that stays hidden is visible once its timeout passes."""
+        for start in range(0, len(letters), 10):
+            entries: list[ChangeMessageVisibilityBatchRequestEntryTypeDef] = [
+                {"Id": str(i), "ReceiptHandle": letter.receipt_handle, "VisibilityTimeout": 0}
+                for i, letter in enumerate(letters[start : start + 10])
+            ]
+            self._client.change_message_visibility_batch(QueueUrl=self._dead_letter_url, Entries=entries)

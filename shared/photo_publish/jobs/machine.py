@@ -806,6 +806,23 @@ def letter_wait(connection: Connection, photo_id: UUID, *, lease_seconds: int) -
     return None if wait is None else max(float(wait), 0.0)
 
 
+def still_owed(connection: Connection, letters: Sequence[OwedLetter]) -> list[OwedLetter]:
+    """The letters whose failure still stands, read just before they are sent: a photo deleted (or
+    a failure taken back) since its letter was leased pages nobody. A read, not a lock: a deletion
+    that commits while the letter is on its way leaves it in the queue, for the sweep to remove."""
+    if not letters:
+        return []
+    rows = connection.execute(
+        select(photo_jobs.c.photo_id, photo_jobs.c.failed_at).where(
+            photo_jobs.c.photo_id.in_([letter.photo_id for letter in letters]),
+            photo_jobs.c.status == literal_column(f"'{FAILED}'"),
+            photo_jobs.c.dead_letter_owed_at.is_not(None),
+        )
+    )
+    standing = {(row.photo_id, row.failed_at) for row in rows}
+    return [letter for letter in letters if (letter.photo_id, letter.failed_at) in standing]
+
+
 def release_letters(connection: Connection, letters: Sequence[OwedLetter], *, lease_seconds: int) -> None:
     """The queue refused these letters: no sender holds them now (the sweep's next run takes them,
     and a retry may take them back)."""
@@ -991,7 +1008,9 @@ def delete(
     still waiting in the outbox; a tombstone stays, so that a later event for it is acknowledged and
     the sweep purges its objects once more after `purge_after` (a worker that raced the deletion
     finds its claim gone and commits nothing, but may have put variants meanwhile). None if there
-    was no such photo (given an `owner`, none that user registered). Whatever state the job was in: a worker holding it is fenced out."""
+    was no such photo (given an `owner`, none that user registered). Whatever state the job was in: a worker holding it is fenced out.
+    An owed letter goes with the job's row; one a sender holds is not sent (its sender's last look,
+    `still_owed`, finds no failure), or, already on its way, is removed from the queue by the sweep."""
     # The job's row first, the order every transaction takes them in (a publish locks its job,
     # then its photo): a deletion racing a commit waits for it instead of deadlocking with it.
     connection.execute(

@@ -9,6 +9,7 @@ rows: a step that fails is logged and counted, and never discards what another s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,7 +18,8 @@ from uuid import UUID
 
 from sqlalchemy import Engine, and_, delete, exists, func, or_, select, update
 
-from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, retired_variants
+from photo_publish.adapters.queue import DeadLetter
+from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, photos, retired_variants
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import invalidations, machine
@@ -28,6 +30,14 @@ from photo_publish.outbox import writer
 from photo_publish.settings import Settings
 
 T = TypeVar("T")
+
+# A purge's first batch, before its pace is known: a deleted photo costs a listing and a deletion
+# per prefix (4 S3 calls; 0.3 s at 70 ms a call), so 10 take a few seconds at worst.
+PURGE_FIRST_BATCH = 10
+# The dead-letter queue is read ten letters a call, this many calls a run at most.
+LETTER_RECEIVES = 10
+# How long letters read by the sweep stay hidden if the run dies before it releases them.
+LETTER_VISIBILITY_SECONDS = 30
 
 
 class SweepQueue(Protocol):
@@ -53,6 +63,10 @@ class SweepSummary:
     # Deleted photos' CDN paths CloudFront accepted, and those it refused (left for a later run).
     invalidated: int = 0
     invalidation_failed: int = 0
+    # Letters not sent because their photo was deleted (or its failure taken back) meanwhile.
+    letters_withdrawn: int = 0
+    # Letters of deleted photos removed from the dead-letter queue.
+    letters_removed: int = 0
     # Rows or steps that could not be handled this run (logged): a bad row never stops the run.
     errors: int = 0
     # The queue held a backlog: due pending rows were left to it.
@@ -73,6 +87,8 @@ class SweepSummary:
             "deletedPurged": self.deleted_purged,
             "invalidated": self.invalidated,
             "invalidationFailed": self.invalidation_failed,
+            "lettersWithdrawn": self.letters_withdrawn,
+            "lettersRemoved": self.letters_removed,
             "errors": self.errors,
             "backlog": self.backlog,
             "batches": self.batches,
@@ -85,6 +101,43 @@ class VariantStore(Protocol):
     def delete_under(self, prefixes: Sequence[str]) -> bool: ...
 
 
+class DeadLetterReader(Protocol):
+    def receive_letters(self, visibility_seconds: int) -> list[DeadLetter]: ...
+    def remove_letters(self, letters: Sequence[DeadLetter]) -> int: ...
+    def show_letters(self, letters: Sequence[DeadLetter]) -> None: ...
+
+
+@dataclass
+class Clock:
+    """A run's time: what Lambda says is left, less the reserve kept to finish and report."""
+
+    remaining: Remaining
+    reserve_seconds: float
+    summary: SweepSummary
+
+    def left(self) -> float:
+        return self.remaining() - self.reserve_seconds
+
+    def batches(self, first: int, most: int, batch: Callable[[int], int]) -> None:
+        """`batch(limit)` (the number of rows it took, each batch committed by it) until one takes
+        fewer than its limit or the time is spent: the first batch takes `first`, each later one as
+        many as the pace measured so far fits in half the time left, `most` at most. So a batch
+        ends well inside the time, however slow the calls it makes."""
+        seconds_each: float | None = None
+        while True:
+            left = self.left()
+            limit = first if seconds_each is None else min(most, int(left / 2 / seconds_each))
+            if left <= 0 or limit < 1:
+                self.summary.out_of_time = True
+                return
+            started = time.monotonic()
+            taken = batch(limit)
+            if taken:
+                seconds_each = (time.monotonic() - started) / taken
+            if taken < limit:
+                return
+
+
 class Sweeper:
     def __init__(
         self,
@@ -93,13 +146,17 @@ class Sweeper:
         settings: Settings,
         *,
         store: VariantStore,
+        dead_letters: DeadLetterReader | None = None,
         batch_size: int = 500,
         cdn: invalidations.Invalidator | None = None,
     ) -> None:
+        """`dead_letters`: the dead-letter queue, from which the letters of deleted photos are
+        removed (none: left to the operator's redrive)."""
         self._engine = engine
         self._queue = queue
         self._settings = settings
         self._store = store
+        self._dlq = dead_letters
         self._batch_size = batch_size
         self._cdn = cdn
 
@@ -129,18 +186,22 @@ class Sweeper:
             summary.resent_pending += len(pending) - len(set(unsent) & set(pending))
             summary.resent_stale += len(stale) - len(set(unsent) & set(stale))
             summary.worker_lost += len(lost)
-            summary.dead_letters_sent += len(lost) + len(owed) - letters_unsent
             summary.send_failed += len(unsent) + letters_unsent
             if max(len(pending), len(stale), len(lost), len(owed)) < self._batch_size:
                 break
-        # The backfill and the tidying come after the lost work, and only with time to spare.
-        if remaining() >= reserve_seconds:
+        # The backfill and the tidying come after the lost work, each only with time to spare and in
+        # batches it commits as it goes: a run that ends mid-way keeps what it did, and the next run
+        # goes on from there (an album erasure of thousands of photos is purged over several runs).
+        clock = Clock(remaining, reserve_seconds, summary)
+        if clock.left() > 0:
             summary.backfill_sent = (
                 self._step(summary, "backfill", lambda: self._drive_backfill(summary, depth)) or 0
             )
             summary.backfill_left = self._step(summary, "backfill left", self._backfill_left) or 0
-            summary.retired_deleted = self._step(summary, "retired", self._delete_retired) or 0
-            summary.deleted_purged = self._step(summary, "purge deleted", self._purge_deleted) or 0
+        self._step(summary, "retired", lambda: self._delete_retired(clock))
+        self._step(summary, "purge deleted", lambda: self._purge_deleted(clock))
+        self._step(summary, "remove letters", lambda: self._remove_deleted_letters(clock))
+        if clock.left() > 0:
             self._step(summary, "invalidate cdn", lambda: self._invalidate_cdn(summary))
         return summary
 
@@ -176,62 +237,131 @@ class Sweeper:
             left = connection.scalar(select(func.count()).select_from(photo_jobs).where(machine.MARKED))
         return int(left or 0)
 
-    def _delete_retired(self) -> int:
-        """Delete a bounded batch of replaced versions' objects whose grace period has passed, since
-        the replacing commit and since its photo.variants_updated event left the outbox: consumers
-        learn the new keys before the old ones go, however long the relay was down."""
+    def _lease(self) -> timedelta:
+        """Rows a tidying batch works on are leased this long: longer than any run (the function's
+        timeout), so no other run takes them meanwhile; a run killed mid-batch leaves them to a run
+        after the lease."""
+        return timedelta(seconds=self._settings.stale_after_seconds)
+
+    def _delete_retired(self, clock: Clock) -> None:
+        """Replaced versions' objects whose grace period has passed, since the replacing commit and
+        since its photo.variants_updated event left the outbox: consumers learn the new keys before
+        the old ones go, however long the relay was down. In leased batches, S3 called between them."""
+        clock.batches(
+            self._batch_size, self._batch_size, lambda limit: self._delete_retired_batch(clock, limit)
+        )
+
+    def _delete_retired_batch(self, clock: Clock, limit: int) -> int:
         grace = timedelta(seconds=self._settings.variant_grace_seconds)
         told = ~exists().where(
             outbox_events.c.id == retired_variants.c.event_id,
             or_(outbox_events.c.published_at.is_(None), outbox_events.c.published_at > func.now() - grace),
         )
+        due = (
+            select(retired_variants.c.storage_key)
+            .where(and_(retired_variants.c.delete_after < func.now(), told))
+            .order_by(retired_variants.c.delete_after)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("due")
+        )
         with self._engine.begin() as connection:
             keys = list(
                 connection.scalars(
-                    select(retired_variants.c.storage_key)
-                    .where(and_(retired_variants.c.delete_after < func.now(), told))
-                    .order_by(retired_variants.c.delete_after)
-                    .limit(self._batch_size)
-                    .with_for_update(skip_locked=True)
+                    update(retired_variants)
+                    .where(retired_variants.c.storage_key == due.c.storage_key)
+                    .values(delete_after=func.now() + self._lease())
+                    .returning(retired_variants.c.storage_key)
                 )
             )
-            deleted = self._store.delete_variants(keys) if keys else []
-            if deleted:
+        # No transaction open: S3 may take its time. Keys it could not delete wait out their lease.
+        deleted = self._store.delete_variants(keys) if keys else []
+        if deleted:
+            with self._engine.begin() as connection:
                 connection.execute(
                     delete(retired_variants).where(retired_variants.c.storage_key.in_(deleted))
                 )
-        return len(deleted)
+        clock.summary.retired_deleted += len(deleted)
+        return len(keys)
 
-    def _purge_deleted(self) -> int:
+    def _purge_deleted(self, clock: Clock) -> None:
         """Delete, once more, the objects of photos deleted longer ago than any worker can hold one
-        (a render that raced the deletion may have put variants after it); tombstones past their
-        retention go."""
+        (a render that raced the deletion may have put variants after it), in leased batches sized
+        to the time left; tombstones past their retention go."""
+        clock.batches(PURGE_FIRST_BATCH, self._batch_size, lambda limit: self._purge_batch(clock, limit))
+        retention = timedelta(days=self._settings.tombstone_retention_days)
+        with self._engine.begin() as connection:
+            connection.execute(
+                delete(deleted_photos).where(deleted_photos.c.purged_at < func.now() - retention)
+            )
+
+    def _purge_batch(self, clock: Clock, limit: int) -> int:
         due = (
-            select(deleted_photos.c.photo_id, deleted_photos.c.album_id)
+            select(deleted_photos.c.photo_id)
             .where(deleted_photos.c.purged_at.is_(None), deleted_photos.c.purge_after < func.now())
             .order_by(deleted_photos.c.purge_after)
-            .limit(self._batch_size)
+            .limit(limit)
             .with_for_update(skip_locked=True)
+            .cte("due")
         )
-        stage = self._settings.stage
         with self._engine.begin() as connection:
-            rows = connection.execute(due).all()
-            purged = [
-                r.photo_id
-                for r in rows
-                if self._store.delete_under(photo_prefixes(stage, r.album_id, r.photo_id))
-            ]
-            if purged:
+            leased = connection.execute(
+                update(deleted_photos)
+                .where(deleted_photos.c.photo_id == due.c.photo_id)
+                .values(purge_after=func.now() + self._lease())
+                .returning(deleted_photos.c.photo_id, deleted_photos.c.album_id)
+            ).all()
+        # No transaction open: S3 may take its time. A photo not purged whole waits out its lease.
+        stage = self._settings.stage
+        purged = [
+            r.photo_id
+            for r in leased
+            if self._store.delete_under(photo_prefixes(stage, r.album_id, r.photo_id))
+        ]
+        if purged:
+            with self._engine.begin() as connection:
                 connection.execute(
                     update(deleted_photos)
                     .where(deleted_photos.c.photo_id.in_(purged))
                     .values(purged_at=func.now())
                 )
-            retention = timedelta(days=self._settings.tombstone_retention_days)
-            connection.execute(
-                delete(deleted_photos).where(deleted_photos.c.purged_at < func.now() - retention)
-            )
-        return len(purged)
+        clock.summary.deleted_purged += len(purged)
+        return len(leased)
+
+    def _remove_deleted_letters(self, clock: Clock) -> None:
+        """Letters of deleted photos leave the dead-letter queue (SPEC 19: they page for nothing):
+        one whose photo was deleted after it paged, or that was on its way as the deletion
+        committed. A few calls a run; the other letters are made visible again at once."""
+        if self._dlq is None:
+            return
+        kept: list[DeadLetter] = []
+        try:
+            for _ in range(LETTER_RECEIVES):
+                if clock.left() <= 0:
+                    clock.summary.out_of_time = True
+                    break
+                letters = self._dlq.receive_letters(LETTER_VISIBILITY_SECONDS)
+                if not letters:
+                    break
+                named = {letter.photo_id for letter in letters if letter.photo_id is not None}
+                with self._engine.connect() as connection:
+                    # A tombstone and no row: deleted (a letter naming no photo is a person's to read).
+                    gone = set(
+                        connection.scalars(
+                            select(deleted_photos.c.photo_id).where(
+                                deleted_photos.c.photo_id.in_(named),
+                                ~exists().where(photos.c.id == deleted_photos.c.photo_id),
+                            )
+                        )
+                    )
+                kept += [letter for letter in letters if letter.photo_id not in gone]
+                removed = [letter for letter in letters if letter.photo_id in gone]
+                if removed:
+                    clock.summary.letters_removed += self._dlq.remove_letters(removed)
+                    logger.info("dead letters of deleted photos removed", count=len(removed))
+        finally:
+            if kept:
+                self._dlq.show_letters(kept)
 
     def _invalidate_cdn(self, summary: SweepSummary) -> None:
         """Send the CDN paths deletions left (their own call refused, never made, or waiting for the
@@ -299,11 +429,19 @@ class Sweeper:
         taken again once their lease has passed)."""
         sent: list[OwedLetter] = []
         refused: list[OwedLetter] = []
-        for letter in letters:
+        # A last look, committed before the sends: a photo deleted since its letter was leased pages
+        # nobody (its letter went with its job's row).
+        standing = self._step(summary, "letters still owed", lambda: self._still_owed(letters))
+        if standing is None:
+            # Not known: sent all the same (a letter too many is removed later; one lost pages nobody).
+            standing = letters
+        summary.letters_withdrawn += len(letters) - len(standing)
+        for letter in standing:
             accepted = self._queue.send_dead_letter(
                 letter.photo_id, letter.attempt, letter.code, "sent by the sweep", kind=letter.kind
             )
             (sent if accepted else refused).append(letter)
+        summary.dead_letters_sent += len(sent)
         if sent:
             # Not settled: sent again once their lease passes (a duplicate page, never a lost one).
             self._step(summary, "settle letters", lambda: self._settle(sent))
@@ -311,6 +449,12 @@ class Sweeper:
             # Not in flight any more: the next run sends them, a retry may take them back.
             self._step(summary, "release letters", lambda: self._release(refused))
         return len(refused)
+
+    def _still_owed(self, letters: list[OwedLetter]) -> list[OwedLetter]:
+        if not letters:
+            return []
+        with self._engine.connect() as connection:
+            return machine.still_owed(connection, letters)
 
     def _release(self, letters: Sequence[OwedLetter]) -> None:
         with self._engine.begin() as connection:

@@ -89,7 +89,17 @@ class Failures:
 
     def _send_dead_letter(self, owed: OwedDeadLetter, detail: str) -> Result:
         """Send a final failure's dead letter; until the queue accepts it, the job owes it and the
-        message comes back for it (the sweep sends it if no message does)."""
+        message comes back for it (the sweep sends it if no message does). A photo deleted since
+        its failure was recorded pages nobody: a last look first (a deletion that commits during
+        the send leaves the letter in the queue, for the sweep to remove)."""
+        try:
+            standing = self._repository.letter_still_owed(owed)
+        except PhotoError as error:
+            logger.warning("letter not looked at before its send", error_code=error.code)
+            standing = True
+        if not standing:
+            logger.info("dead letter withdrawn: its photo was deleted", photo_id=str(owed.photo_id))
+            return Result(Outcome.FAILED, owed.photo_id, owed.code, owed.attempt)
         if not self._queue.send_dead_letter(owed.photo_id, owed.attempt, owed.code, detail, kind=owed.kind):
             try:
                 # Refused, not in flight: the sweep's next run may send it, a retry take it back.

@@ -320,6 +320,12 @@ class PhotoRepository:
                 return leased[0]
             return machine.letter_wait(connection, photo_id, lease_seconds=lease_seconds)
 
+    def letter_still_owed(self, letter: OwedDeadLetter) -> bool:
+        """The letter's failure still stands, read just before it is sent: False once its photo was
+        deleted (its letter went with its job's row)."""
+        with self._transaction() as connection:
+            return bool(machine.still_owed(connection, [letter]))
+
     def dead_letter_refused(self, letters: Sequence[OwedDeadLetter], *, lease_seconds: int) -> None:
         """The queue refused these letters: any sender may take them now."""
         if letters:
