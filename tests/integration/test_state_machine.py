@@ -171,7 +171,7 @@ class Store:
 
     fault: ErrorCode | str | None = None
 
-    def open_original(self, key: str, max_bytes: int) -> Any:
+    def open_original(self, key: str, max_bytes: int, pin: Any = None) -> Any:
         fault, self.fault = self.fault, None
         if fault == SLOW:
             # The render's own limit and then some, spent waiting for the body's bytes.

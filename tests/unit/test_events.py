@@ -26,7 +26,7 @@ FILE_NAME = "My photo (2) + [final] 100% été.jpg"
 KEY = f"dev/originals/albums/{ALBUM_ID}/{PHOTO_ID}/{FILE_NAME}"
 # The shipped events' upload: S3's sequencer, the object's eTag and the event's time (S3's
 # notification to the millisecond, EventBridge's to the second).
-SEQUENCER, ETAG = "0055AED6DCD90281E5", "d41d8cd98f00b204e9800998ecf8427e"
+SEQUENCER, ETAG = "0055AED6DCD90281E5", "32268be4325293ad107c6f595607e7ba"
 UPLOAD = PhotoRequest(
     PHOTO_ID,
     OriginalKey(KEY, ALBUM_ID, PHOTO_ID, FILE_NAME),
