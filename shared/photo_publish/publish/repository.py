@@ -399,7 +399,10 @@ class PhotoRepository:
 
 def _same_original(etag: str | None, version: str | None, read: Pin) -> bool | None:
     """Whether the original `read` is the one recorded (by version id where both name one, else by
-    ETag); None where nothing was recorded (published before migration 0014) or read."""
+    ETag); None where nothing was recorded (published before migration 0014). A read that names
+    nothing (a store that does not say: S3 always does) is taken for the same."""
+    if read == UNNAMED:
+        return True
     if version is not None and read.version is not None:
         return version == read.version
     if etag is not None and read.etag is not None:
