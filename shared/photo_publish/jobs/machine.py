@@ -270,9 +270,9 @@ def _upload_terms(
 
 
 def picture_owed() -> ColumnElement[bool]:
-    """The job's newest upload is another original than its published photo's picture (by version
-    id where both name one, else by eTag; unknown is not another): a new picture is owed. True from
-    a reopen until the new picture is published (SPEC 19); read with the job joined to its photo."""
+    """The job's newest upload is another original than its published photo's picture (as
+    `_another_picture` tells): a new picture is owed. True from a reopen until the new picture is
+    published (SPEC 19); read with the job joined to its photo."""
     return case(
         (
             and_(photo_jobs.c.upload_version.is_not(None), photos.c.original_version.is_not(None)),
@@ -288,18 +288,19 @@ def picture_owed() -> ColumnElement[bool]:
 
 def _another_picture(etag: ColumnElement[Any], version: ColumnElement[Any]) -> ColumnElement[bool]:
     """The job's photo is published from an original other than this upload (SPEC 19): by version id
-    where both name one, else by eTag; one published before either was recorded is another."""
-    same = case(
+    where both name one, else by eTag. Where neither can tell (a photo published before migration
+    0014 recorded nothing), it is not: a late duplicate must not publish its picture again."""
+    another = case(
         (
             and_(version.is_not(None), photos.c.original_version.is_not(None)),
-            photos.c.original_version == version,
+            photos.c.original_version != version,
         ),
-        (and_(etag.is_not(None), photos.c.original_etag.is_not(None)), photos.c.original_etag == etag),
+        (and_(etag.is_not(None), photos.c.original_etag.is_not(None)), photos.c.original_etag != etag),
         else_=false(),
     )
     return (
         select(photos.c.id)
-        .where(photos.c.id == photo_jobs.c.photo_id, photos.c.processing_state == "ready", not_(same))
+        .where(photos.c.id == photo_jobs.c.photo_id, photos.c.processing_state == "ready", another)
         .exists()
     )
 
