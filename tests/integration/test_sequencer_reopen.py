@@ -23,6 +23,7 @@ from sqlalchemy import Engine, insert, literal_column, select, text
 from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.storage import OriginalReplaced, Pin, S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
@@ -319,3 +320,32 @@ def test_the_newer_uploads_event_arriving_first_is_published_and_the_older_one_c
     assert (published.processing_state, published.entity_version, published.width) == ("ready", 2, 1920)
     assert shown(db, registered.photo_id) == published
     assert events(db, registered.photo_id) == [("photo.published", 2)]
+
+
+def test_a_pinned_read_returns_the_upload_named_or_says_it_was_written_over(
+    infra: Infra, bucket: str
+) -> None:
+    # GIVEN an original written twice
+    key = f"{STAGE}/originals/albums/{uuid.uuid4()}/{uuid.uuid4()}/holiday.jpg"
+    first = put(infra, bucket, key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    second = put(infra, bucket, key, SECOND, sequencer=LATER, at="2026-12-07T21:00:05.000Z")
+    store = S3Store(infra.s3, bucket)
+
+    # WHEN each upload is read pinned (by version where the bucket keeps them, else by eTag)
+    # THEN the newest is read and named as S3 names it
+    stream = store.open_original(key, 10**8, Pin(second.etag, second.version))
+    assert (stream.etag, stream.version) == (second.etag, second.version)
+    assert stream.read(10**8) == (samples.IMAGES / SECOND).read_bytes()
+    stream.close()
+    # AND the first is its own version's bytes, or, unversioned, written over
+    if first.version is None:
+        with pytest.raises(OriginalReplaced):
+            store.open_original(key, 10**8, Pin(first.etag))
+    else:
+        stream = store.open_original(key, 10**8, Pin(first.etag, first.version))
+        assert stream.read(10**8) == (samples.IMAGES / FIRST).read_bytes()
+        stream.close()
+        # ... until that version is removed (NoSuchVersion): written over too
+        infra.s3.delete_object(Bucket=bucket, Key=key, VersionId=first.version)
+        with pytest.raises(OriginalReplaced):
+            store.open_original(key, 10**8, Pin(first.etag, first.version))
