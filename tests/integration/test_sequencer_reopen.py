@@ -18,10 +18,10 @@ from urllib.parse import quote_plus
 
 import pytest
 import pyvips
-from sqlalchemy import Engine, insert, literal_column, select, text
+from sqlalchemy import Engine, func, insert, literal_column, select, text, update
 
 from devkit import handlers, samples, uploads
-from devkit.poller import LambdaContext
+from devkit.poller import LambdaContext, sqs_event
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import OriginalReplaced, Pin, S3Store
 from photo_publish.errors import ErrorCode
@@ -29,7 +29,7 @@ from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
 from photo_publish.publish.repository import PhotoRepository
 from tests.conftest import STAGE, Infra
-from tests.rows import job
+from tests.rows import in_state, job
 
 process = handlers.load("process")
 
@@ -349,3 +349,39 @@ def test_a_pinned_read_returns_the_upload_named_or_says_it_was_written_over(
         infra.s3.delete_object(Bucket=bucket, Key=key, VersionId=first.version)
         with pytest.raises(OriginalReplaced):
             store.open_original(key, 10**8, Pin(first.etag, first.version))
+
+
+def test_a_new_picture_waits_for_the_letter_of_a_failed_rerender_then_is_published(
+    infra: Infra, db: Engine, bucket: str
+) -> None:
+    # GIVEN a published photo whose re-render failed for good, its dead letter being sent right now
+    registered = uploads.register(db, STAGE, "holiday.jpg")
+    first = put(infra, bucket, registered.key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    assert deliver(first) == {"batchItemFailures": []}
+    with db.begin() as connection:
+        connection.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == registered.photo_id)
+            .values(**in_state(status="failed", dead_letter_owed_at=func.now()))
+        )
+
+    # WHEN the form is posted again and its event arrives, through the queue
+    second = put(infra, bucket, registered.key, SECOND, sequencer=LATER, at="2026-12-07T21:01:00.000Z")
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps(second.event))
+    (message,) = infra.sqs.receive_message(QueueUrl=infra.queues.url, AttributeNames=["All"])["Messages"]
+    answer = process.lambda_handler(sqs_event([message], infra.queues.arn), LambdaContext())
+
+    # THEN it comes back later (a reopening takes the failure's letter back: not while it is sent)
+    assert answer == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
+    assert shown(db, registered.photo_id).width == 1280
+
+    # WHEN the letter was sent, and the event comes back
+    with db.begin() as connection:
+        connection.execute(
+            update(PhotoJob).where(PhotoJob.photo_id == registered.photo_id).values(dead_letter_owed_at=None)
+        )
+    assert deliver(second) == {"batchItemFailures": []}
+
+    # THEN the new picture is published
+    state = shown(db, registered.photo_id)
+    assert (state.processing_state, state.entity_version, state.width) == ("ready", 3, 1920)

@@ -71,6 +71,8 @@ class PhotoRow:
     keep_location: bool = False
     # Published, and a newer upload of its original reopened its job: a new picture is owed (SPEC 19).
     picture_owed: bool = False
+    # Its job's status (None without a job row).
+    job_status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,7 @@ class PhotoRepository:
                         ),
                         false(),
                     ),
+                    photo_jobs.c.status,
                 )
                 .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
                 .where(photos.c.id == photo_id)

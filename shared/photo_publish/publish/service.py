@@ -249,6 +249,13 @@ class PhotoService:
             and not photo.picture_owed
             and not self._new_picture(photo, request)
         ):
+            if request.upload is not None and photo.job_status == "failed":
+                # Its re-render failed for good and the letter may be on its way: the upload reopens
+                # the job once no sender holds it (the record comes back for that), as for any
+                # failed photo; meanwhile an owed letter is sent.
+                owed = self._failures.owed_letter(photo.id)
+                if owed.outcome is Outcome.RETRY:
+                    return owed
             self._repository.mark_done(photo.id)
             return Result(Outcome.ALREADY, photo.id)
         return photo
