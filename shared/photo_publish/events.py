@@ -110,13 +110,17 @@ def _from_eventbridge(message: dict[str, Any], *, bucket: str, stage: str) -> li
 
 
 def _upload(s3_object: Mapping[str, Any], event_time: object) -> Upload:
-    # S3's notifications spell it eTag, its EventBridge events etag.
+    # S3's notifications spell them eTag and versionId, its EventBridge events etag and version-id.
     etag = s3_object.get("eTag", s3_object.get("etag"))
     sequencer = s3_object.get("sequencer")
+    version = s3_object.get("versionId", s3_object.get("version-id"))
     return Upload(
         sequencer=sequencer if isinstance(sequencer, str) and sequencer else None,
-        etag=etag if isinstance(etag, str) and etag else None,
+        etag=etag.strip('"') or None if isinstance(etag, str) else None,
         at=_instant(event_time),
+        # "null" is the version of an object written while versioning was off or suspended: a later
+        # such write replaces it under the same id, so it pins nothing (the eTag does).
+        version=version if isinstance(version, str) and version and version != "null" else None,
     )
 
 

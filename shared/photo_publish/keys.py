@@ -45,11 +45,14 @@ class OriginalKey:
 class Upload:
     """Which upload of a key an event announces: S3's sequencer orders the uploads of one key; the
     eTag tells two uploads apart where an emulator sends no sequencer (moto's notifications); the
-    event's time places it before or after a failure when the job has seen no upload yet."""
+    event's time places it before or after a failure when the job has seen no upload yet; the
+    version id (a versioned bucket's) names the very object written, which the process function
+    reads (SPEC 19), else it reads the eTag's bytes (If-Match)."""
 
     sequencer: str | None = None
     etag: str | None = None
     at: datetime | None = None
+    version: str | None = None
 
 
 def sequencer_order(a: str, b: str) -> int:
@@ -100,9 +103,20 @@ def original_key(stage: str, album_id: UUID, photo_id: UUID, file_name: str) -> 
 
 
 def variant_key(
-    stage: str, album_id: UUID, photo_id: UUID, *, version: int, kind: VariantKind, ext: str
+    stage: str,
+    album_id: UUID,
+    photo_id: UUID,
+    *,
+    version: int,
+    kind: VariantKind,
+    ext: str,
+    picture: int | None = None,
 ) -> str:
-    return f"{stage}/albums/{album_id}/variants/{photo_id}/{version}/{kind}.{ext}"
+    """A variant's key. A published photo's later picture (its original written again, SPEC 19) is
+    rendered under keys of its own, `{version}-v{picture}` (the entity version it publishes), never
+    under those of the picture it replaces: variant objects are immutable and cached as such."""
+    folder = str(version) if picture is None else f"{version}-v{picture}"
+    return f"{stage}/albums/{album_id}/variants/{photo_id}/{folder}/{kind}.{ext}"
 
 
 def photo_prefixes(stage: str, album_id: UUID, photo_id: UUID) -> tuple[str, str]:

@@ -8,6 +8,7 @@ the database and the bucket, not only the function's answer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
@@ -69,11 +70,13 @@ def upload(key: str, data: bytes, bucket: str = BUCKET) -> None:
     client("s3").put_object(Bucket=bucket, Key=key, Body=data)
 
 
-def notification_for(key: str, tmp_path: Path) -> Path:
-    """The shipped S3 notification event, for another original: its key encoded as S3 does."""
+def notification_for(key: str, tmp_path: Path, data: bytes) -> Path:
+    """The shipped S3 notification event, for another original: its key encoded as S3 does, the
+    eTag of its bytes (the function reads the upload the event names)."""
     event = shipped("process-s3-notification")
     body = json.loads(event["Records"][0]["body"])
     body["Records"][0]["s3"]["object"]["key"] = quote_plus(key, safe="/")
+    body["Records"][0]["s3"]["object"]["eTag"] = hashlib.md5(data).hexdigest()
     event["Records"][0]["body"] = json.dumps(body)
     event["Records"][0]["messageId"] = str(uuid.uuid4())
     path = tmp_path / "event.json"
@@ -184,9 +187,12 @@ def test_a_truncated_jpeg_fails_with_its_code(
     # GIVEN a registered upload whose bytes stop half-way
     key = new_key("Broken upload.jpg")
     photo_id = register(engine, key)
-    upload(key, samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes()))
+    data = samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes())
+    upload(key, data)
     # WHEN its notification is invoked
-    invocation = sam_local_invoke("ProcessFunction", notification_for(key, tmp_path), environment, tmp_path)
+    invocation = sam_local_invoke(
+        "ProcessFunction", notification_for(key, tmp_path, data), environment, tmp_path
+    )
     # THEN a permanent failure: acknowledged, recorded with its code, no variant written
     assert invocation.result == {"batchItemFailures": []}
     with Session(engine) as connection:
@@ -205,9 +211,12 @@ def test_an_iphone_heic_publishes_with_pi_heif_from_the_layer(
     key = new_key("IMG_0001.HEIC")
     photo_id = register(engine, key)
     upright = samples.photograph("Wood.jpg")
-    upload(key, samples.heic(upright, 6, profile="p3"))
+    data = samples.heic(upright, 6, profile="p3")
+    upload(key, data)
     # WHEN its notification is invoked
-    invocation = sam_local_invoke("ProcessFunction", notification_for(key, tmp_path), environment, tmp_path)
+    invocation = sam_local_invoke(
+        "ProcessFunction", notification_for(key, tmp_path, data), environment, tmp_path
+    )
     # THEN the layer's pi-heif decoded it inside the container: published, upright
     assert_published(engine, photo_id, invocation)
     with Session(engine) as connection:

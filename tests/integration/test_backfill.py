@@ -12,7 +12,7 @@ from uuid import UUID
 import pytest
 from sqlalchemy import Engine, func, select, update
 
-from devkit import samples, uploads
+from devkit import samples, stack, uploads
 from devkit.poller import LambdaContext, sqs_event
 from photo_publish import operator
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
@@ -314,3 +314,34 @@ def test_marking_stops_before_a_batch_it_has_no_time_for_and_the_next_run_resume
     assert second == backfill.Marked(2, out_of_time=True)
     assert third == backfill.Marked(1)
     assert marked() == set(photo_ids)
+
+
+def test_a_rerender_that_reads_an_original_written_again_publishes_it_as_a_new_picture(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a photo published at version 1 from its first file
+    (photo_id,) = publish_all(infra, db, ("GreenMeadow.jpg",))
+    with db.connect() as c:
+        key = c.scalar(select(Photo.original_key).where(Photo.id == photo_id))
+    # AND its upload form posted again with another file, whose event has not been delivered yet
+    uploads.put_original(infra.s3, BUCKET, key, (samples.IMAGES / "Storm.jpg").read_bytes())
+    stack.drop_test_events(infra.sqs, infra.queues.url)
+
+    # WHEN a new recipe's backfill re-renders the photo
+    infra.configure(thumb_size=320, variant_version=2, backfill_spread_seconds=0)
+    assert rerender(capsys, "--all") == {"version": 2, "marked": 1}
+    assert sweep()["backfillSent"] == 1
+    poll_until(infra, lambda: versions(db, [photo_id]) == [(3, 2)])
+
+    # THEN what it read is a new picture, told as one (photo.published, not a routine
+    # photo.variants_updated): the second file, under keys of its own
+    assert events(db) == Counter({(photo_id, "photo.published"): 2})
+    with db.connect() as c:
+        photo = c.execute(select(Photo.width, Photo.height).where(Photo.id == photo_id)).one()
+        browse = c.scalar(
+            select(PhotoVariant.storage_key).where(
+                PhotoVariant.photo_id == photo_id, PhotoVariant.kind == "browse"
+            )
+        )
+    assert tuple(photo) == (1920, 1280)
+    assert f"/{photo_id}/2-v3/browse.webp" in browse

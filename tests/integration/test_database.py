@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from devkit import stack
 from photo_publish import migrate
 from photo_publish.adapters.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.storage import Pin
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
 from photo_publish.migrate import VERSION_TABLE
@@ -21,6 +22,7 @@ from photo_publish.outbox.contracts import Placeholder
 from photo_publish.publish.repository import (
     Claimed,
     Exhausted,
+    Holding,
     NotClaimable,
     OwedDeadLetter,
     PhotoRepository,
@@ -29,6 +31,8 @@ from photo_publish.publish.transaction import StoredVariant
 from tests.rows import in_state, job
 
 STALE, ATTEMPTS = 300, 3
+# The original a worker read, as S3 names it.
+READ = Pin("9e107d9d372bb6826bd81d3542a419d6")
 
 
 def new_photo(db: Engine, *, job: bool = True) -> uuid.UUID:
@@ -330,13 +334,13 @@ def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
 
     # WHEN the slow worker finishes rendering: may it write its variants, may it publish?
-    holds = repository.holds(photo_id, 1, 1)
+    holds = repository.holds(photo_id, 1, 1, READ)
     result = repository.publish(
         photo_id, 1, width=2560, height=1600, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
     )
 
     # THEN neither: it is fenced out, and the photo, its variants, events and job are untouched
-    assert (holds, result.outcome) == (False, "superseded")
+    assert (holds, result.outcome) == (None, "superseded")
     assert job(db, photo_id) == ("active", 2, None)
     with db.connect() as connection:
         assert connection.scalar(select(Photo.entity_version).where(Photo.id == photo_id)) == 1
@@ -344,12 +348,12 @@ def test_a_worker_whose_job_was_taken_over_cannot_publish(db: Engine) -> None:
         assert connection.scalar(select(func.count()).select_from(OutboxEvent)) == 0
 
     # AND the owner publishes, once
-    assert repository.holds(photo_id, 2, 1)
+    assert repository.holds(photo_id, 2, 1, READ) == Holding("publish")
     assert repository.publish(
         photo_id, 2, width=2560, height=1600, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
     ).outcome == ("published")
     assert job(db, photo_id)[:2] == ("done", 2)
-    assert not repository.holds(photo_id, 2, 1)
+    assert repository.holds(photo_id, 2, 1, READ) is None
 
 
 def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None:
@@ -357,13 +361,20 @@ def test_a_published_photos_variants_are_never_written_again(db: Engine) -> None
     repository, photo_id = PhotoRepository(db), new_photo(db)
     repository.claim(photo_id, stale_after=STALE, max_attempts=ATTEMPTS)
     repository.publish(
-        photo_id, 1, width=10, height=10, variants=VARIANTS, variant_version=1, placeholder=PLACEHOLDER
+        photo_id,
+        1,
+        width=10,
+        height=10,
+        variants=VARIANTS,
+        variant_version=1,
+        placeholder=PLACEHOLDER,
+        original=READ,
     )
     set_job(db, photo_id, status="active", attempt=2)
 
-    # WHEN its worker asks whether it may write the variants
-    # THEN it may not, though it holds the claim
-    assert not repository.holds(photo_id, 2, 1)
+    # WHEN its worker, having read the same original, asks whether it may write the variants
+    # THEN it may not, though it holds the claim: there is nothing to commit
+    assert repository.holds(photo_id, 2, 1, READ) == Holding("nothing")
 
 
 def test_a_failure_never_downgrades_a_published_photo(db: Engine) -> None:

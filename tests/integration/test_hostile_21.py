@@ -51,8 +51,8 @@ def test_a_reupload_landing_during_a_failing_attempt_on_the_old_file_is_publishe
     opened: list[str] = []
     real_open = S3Store.open_original
 
-    def open_then_reupload(self: S3Store, key: str, max_bytes: int) -> Any:
-        stream = real_open(self, key, max_bytes)
+    def open_then_reupload(self: S3Store, key: str, max_bytes: int, pin: Any = None) -> Any:
+        stream = real_open(self, key, max_bytes, pin)
         if not opened:
             opened.append(key)
             # ... when the user uploads the fixed file, and its notification is delivered while the

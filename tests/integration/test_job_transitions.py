@@ -34,6 +34,7 @@ CALLS: dict[str, Callable[[Connection, uuid.UUID], Any]] = {
     "reopen": lambda c, p: machine.reopen(c, p, Upload("0B", "e-new"), lease_seconds=60),
     "note_upload": lambda c, p: machine.note_upload(c, p, Upload("0B", "e-new")),
     "claim": lambda c, p: machine.claim(c, p, stale_after=60, max_attempts=9),
+    "step_aside": lambda c, p: machine.step_aside(c, p, ATTEMPT),
     "release": lambda c, p: machine.release(c, p, ATTEMPT, ErrorCode.STORAGE_READ_FAILED, 30),
     "fail": lambda c, p: machine.fail(c, p, ATTEMPT, ErrorCode.DECODE_FAILED, final=False),
     "fail_finally": lambda c, p: machine.fail(c, p, ATTEMPT, ErrorCode.STORAGE_READ_FAILED, final=True),
@@ -69,7 +70,12 @@ def job_in(db: Engine, status: str) -> uuid.UUID:
             update(Photo)
             .where(Photo.id == photo_id)
             .values(
-                processing_state="ready", visibility="published", published_at=func.now(), variant_version=9
+                processing_state="ready",
+                visibility="published",
+                published_at=func.now(),
+                variant_version=9,
+                # read from an earlier upload than the one `reopen` announces (a new picture)
+                original_etag="e-old",
             )
         )
     ago = func.now() - LONG_AGO

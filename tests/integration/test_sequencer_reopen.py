@@ -1,21 +1,37 @@
-"""Finding 4: S3 sequencers of different lengths order uploads after RIGHT-padding the shorter with
-zeros (SPEC 5, AWS's event message structure). A failed job is reopened by a newer upload whatever
-the two sequencers' lengths, and never by an older one; on a real PostgreSQL."""
+"""Newer uploads of an original, on a real PostgreSQL.
+
+S3 sequencers of different lengths order uploads after RIGHT-padding the shorter with zeros (SPEC 5,
+AWS's event message structure): a failed job is reopened by a newer upload whatever the two
+sequencers' lengths, and never by an older one. A published photo's original written again (a form
+posted twice, SPEC 19) is the newest upload: published as a new picture, whatever order the events
+arrive in, its read pinned to the upload its event names.
+"""
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote_plus
 
 import pytest
-from sqlalchemy import Engine, insert, literal_column, select, text
+import pyvips
+from sqlalchemy import Engine, func, insert, literal_column, select, text, update
 
-from photo_publish.adapters.models import Photo, PhotoJob
+from devkit import handlers, samples, uploads
+from devkit.poller import LambdaContext, sqs_event
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.storage import OriginalReplaced, Pin, S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
 from photo_publish.publish.repository import PhotoRepository
-from tests.rows import job
+from tests.conftest import STAGE, Infra
+from tests.rows import in_state, job
+
+process = handlers.load("process")
 
 # AWS's own sample sequencer (its event message structure page), and uploads of the same key whose
 # sequencers are one digit shorter: right-padded, "...F" is "...F0", after "...E5"; "...E" is
@@ -105,3 +121,267 @@ def test_postgresqls_rpad_orders_sequencers_as_sequencer_order_does(db: Engine) 
 
     # THEN it agrees with S3's rule everywhere
     assert later == [sequencer_order(a, b) > 0 for a, b in pairs]
+
+
+# --- A published photo's original written again (SPEC 19): the newest upload is the shown picture ---
+#
+# Through the real process handler, on moto's S3 and PostgreSQL. A form posted again before it
+# expires writes the original's key a second time: in a versioned bucket (the template's) a second
+# version, in an unversioned one (MinIO, moto without versioning) the same key over. The events are
+# S3's notifications as S3 writes them: the object's eTag, its sequencer and, where the bucket keeps
+# versions, its versionId (moto's own notifications carry neither).
+FIRST, SECOND = "GreenMeadow.jpg", "Storm.jpg"  # 1280 x 1024, then 1920 x 1280
+EARLIER, LATER = "0055AED6DCD90281E5", "0055AED6DCD9028200"
+
+
+@dataclass(frozen=True)
+class Put:
+    """One write of the original, and the S3 notification announcing it."""
+
+    etag: str
+    version: str | None
+    event: dict[str, Any]
+
+
+@pytest.fixture(params=["versioned", "unversioned"])
+def bucket(request: pytest.FixtureRequest, infra: Infra) -> str:
+    """A bucket of the test's own (versions kept, or not), the process function reading it."""
+    name = f"reposted-{uuid.uuid4().hex[:12]}"
+    infra.s3.create_bucket(Bucket=name)
+    if request.param == "versioned":
+        infra.s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    infra.configure(photo_bucket=name)
+    return name
+
+
+def put(infra: Infra, bucket: str, key: str, image: str, *, sequencer: str, at: str) -> Put:
+    data = (samples.IMAGES / image).read_bytes()
+    answer = infra.s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType="image/jpeg")
+    etag, version = answer["ETag"].strip('"'), answer.get("VersionId")
+    s3_object: dict[str, Any] = {
+        "key": quote_plus(key),
+        "size": len(data),
+        "eTag": etag,
+        "sequencer": sequencer,
+    }
+    if version is not None:
+        s3_object["versionId"] = version
+    record = {
+        "eventVersion": "2.1",
+        "eventSource": "aws:s3",
+        "awsRegion": "us-east-1",
+        "eventTime": at,
+        "eventName": "ObjectCreated:Post",
+        "s3": {
+            "s3SchemaVersion": "1.0",
+            "bucket": {"name": bucket, "arn": f"arn:aws:s3:::{bucket}"},
+            "object": s3_object,
+        },
+    }
+    return Put(etag, version, {"Records": [record]})
+
+
+def deliver(put: Put) -> dict[str, Any]:
+    """The notification as the queue's Lambda event source hands it to the process function."""
+    record = {
+        "messageId": str(uuid.uuid4()),
+        "receiptHandle": "not-returned",
+        "body": json.dumps(put.event),
+        "attributes": {"ApproximateReceiveCount": "1"},
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+    }
+    response: dict[str, Any] = process.lambda_handler({"Records": [record]}, LambdaContext())
+    return response
+
+
+def shown(db: Engine, photo_id: uuid.UUID) -> Any:
+    with db.connect() as connection:
+        return connection.execute(
+            select(
+                Photo.processing_state,
+                Photo.entity_version,
+                Photo.width,
+                Photo.height,
+                Photo.thumbhash,
+                Photo.original_etag,
+                Photo.original_version,
+            ).where(Photo.id == photo_id)
+        ).one()
+
+
+def events(db: Engine, photo_id: uuid.UUID) -> list[tuple[str, int]]:
+    with db.connect() as connection:
+        rows = connection.execute(
+            select(OutboxEvent.event_type, OutboxEvent.payload)
+            .where(OutboxEvent.aggregate_id == photo_id)
+            .order_by(OutboxEvent.created_at)
+        ).all()
+    return [(event_type, payload["entityVersion"]) for event_type, payload in rows]
+
+
+def browse_size(infra: Infra, bucket: str, db: Engine, photo_id: uuid.UUID) -> tuple[str, int, int]:
+    """The browse variant's key, and the size of the picture its object holds."""
+    with db.connect() as connection:
+        key = connection.scalar(
+            select(PhotoVariant.storage_key).where(
+                PhotoVariant.photo_id == photo_id, PhotoVariant.kind == "browse"
+            )
+        )
+    body = infra.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    image = pyvips.Image.new_from_buffer(body, "")
+    return key, image.width, image.height
+
+
+def test_a_published_photos_original_written_again_is_published_as_a_new_picture(
+    infra: Infra, db: Engine, bucket: str
+) -> None:
+    # GIVEN a photo published from its first upload (picture A)
+    registered = uploads.register(db, STAGE, "holiday.jpg")
+    first = put(infra, bucket, registered.key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    assert deliver(first) == {"batchItemFailures": []}
+    before = shown(db, registered.photo_id)
+    key_a, *size_a = browse_size(infra, bucket, db, registered.photo_id)
+    assert (before.entity_version, before.width, before.height, size_a) == (2, 1280, 1024, [1280, 1024])
+
+    # WHEN the same form is posted again with another file (a second object version, a newer
+    # sequencer), and its event is delivered
+    second = put(infra, bucket, registered.key, SECOND, sequencer=LATER, at="2026-12-07T21:01:00.000Z")
+    response = deliver(second)
+
+    # THEN picture B is published as a new picture: a new entity version, photo.published, its own
+    # variant keys (A's objects are immutable) holding B, and the original it was read from recorded
+    after = shown(db, registered.photo_id)
+    key_b, *size_b = browse_size(infra, bucket, db, registered.photo_id)
+    assert response == {"batchItemFailures": []}
+    assert (after.processing_state, after.entity_version, after.width, after.height) == (
+        "ready",
+        3,
+        1920,
+        1280,
+    )
+    assert size_b == [1920, 1280] and key_b != key_a and after.thumbhash != before.thumbhash
+    assert (after.original_etag, after.original_version) == (second.etag, second.version)
+    assert events(db, registered.photo_id) == [("photo.published", 2), ("photo.published", 3)]
+
+    # WHEN the first upload's event, then the second's, are delivered again (S3 delivers at least once)
+    assert deliver(first) == deliver(second) == {"batchItemFailures": []}
+
+    # THEN nothing changes: no event, no version bump, B still shown
+    assert shown(db, registered.photo_id) == after
+    assert len(events(db, registered.photo_id)) == 2
+
+
+def test_an_event_whose_upload_was_written_over_loses_nothing(infra: Infra, db: Engine, bucket: str) -> None:
+    # GIVEN a registered photo whose form was posted twice before either event was delivered
+    registered = uploads.register(db, STAGE, "holiday.jpg")
+    first = put(infra, bucket, registered.key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    second = put(infra, bucket, registered.key, SECOND, sequencer=LATER, at="2026-12-07T21:00:05.000Z")
+
+    # WHEN the first upload's event is delivered, after its object was written over
+    assert deliver(first) == {"batchItemFailures": []}
+
+    # THEN the read pinned to it says what it read: in a versioned bucket the first version, still
+    # there, is published; in an unversioned one its eTag's bytes are gone (412), and the job waits,
+    # pending, for the newer write: nothing failed, nothing pages, nothing shows a picture not read
+    state = shown(db, registered.photo_id)
+    if second.version is not None:
+        assert (state.processing_state, state.width, state.original_version) == ("ready", 1280, first.version)
+    else:
+        assert (state.processing_state, state.entity_version) == ("uploaded", 1)
+        assert job(db, registered.photo_id)[0] == "pending"
+    assert infra.sqs.receive_message(QueueUrl=infra.queues.dead_letter_url).get("Messages") is None
+
+    # WHEN the second upload's own event arrives
+    assert deliver(second) == {"batchItemFailures": []}
+
+    # THEN it publishes B: the shown picture is the original's current version
+    state = shown(db, registered.photo_id)
+    assert (state.processing_state, state.width, state.height) == ("ready", 1920, 1280)
+    assert (state.original_etag, state.original_version) == (second.etag, second.version)
+    assert browse_size(infra, bucket, db, registered.photo_id)[1:] == (1920, 1280)
+    assert events(db, registered.photo_id)[-1] == ("photo.published", state.entity_version)
+
+
+def test_the_newer_uploads_event_arriving_first_is_published_and_the_older_one_changes_nothing(
+    infra: Infra, db: Engine, bucket: str
+) -> None:
+    # GIVEN a registered photo whose form was posted twice
+    registered = uploads.register(db, STAGE, "holiday.jpg")
+    first = put(infra, bucket, registered.key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    second = put(infra, bucket, registered.key, SECOND, sequencer=LATER, at="2026-12-07T21:00:05.000Z")
+
+    # WHEN the second upload's event arrives first, then the first's (S3 delivers out of order)
+    assert deliver(second) == {"batchItemFailures": []}
+    published = shown(db, registered.photo_id)
+    assert deliver(first) == {"batchItemFailures": []}
+
+    # THEN B was published once, and the older event changed nothing
+    assert (published.processing_state, published.entity_version, published.width) == ("ready", 2, 1920)
+    assert shown(db, registered.photo_id) == published
+    assert events(db, registered.photo_id) == [("photo.published", 2)]
+
+
+def test_a_pinned_read_returns_the_upload_named_or_says_it_was_written_over(
+    infra: Infra, bucket: str
+) -> None:
+    # GIVEN an original written twice
+    key = f"{STAGE}/originals/albums/{uuid.uuid4()}/{uuid.uuid4()}/holiday.jpg"
+    first = put(infra, bucket, key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    second = put(infra, bucket, key, SECOND, sequencer=LATER, at="2026-12-07T21:00:05.000Z")
+    store = S3Store(infra.s3, bucket)
+
+    # WHEN each upload is read pinned (by version where the bucket keeps them, else by eTag)
+    # THEN the newest is read and named as S3 names it
+    stream = store.open_original(key, 10**8, Pin(second.etag, second.version))
+    assert (stream.etag, stream.version) == (second.etag, second.version)
+    assert stream.read(10**8) == (samples.IMAGES / SECOND).read_bytes()
+    stream.close()
+    # AND the first is its own version's bytes, or, unversioned, written over
+    if first.version is None:
+        with pytest.raises(OriginalReplaced):
+            store.open_original(key, 10**8, Pin(first.etag))
+    else:
+        stream = store.open_original(key, 10**8, Pin(first.etag, first.version))
+        assert stream.read(10**8) == (samples.IMAGES / FIRST).read_bytes()
+        stream.close()
+        # ... until that version is removed (NoSuchVersion): written over too
+        infra.s3.delete_object(Bucket=bucket, Key=key, VersionId=first.version)
+        with pytest.raises(OriginalReplaced):
+            store.open_original(key, 10**8, Pin(first.etag, first.version))
+
+
+def test_a_new_picture_waits_for_the_letter_of_a_failed_rerender_then_is_published(
+    infra: Infra, db: Engine, bucket: str
+) -> None:
+    # GIVEN a published photo whose re-render failed for good, its dead letter being sent right now
+    registered = uploads.register(db, STAGE, "holiday.jpg")
+    first = put(infra, bucket, registered.key, FIRST, sequencer=EARLIER, at="2026-12-07T21:00:00.000Z")
+    assert deliver(first) == {"batchItemFailures": []}
+    with db.begin() as connection:
+        connection.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == registered.photo_id)
+            .values(**in_state(status="failed", dead_letter_owed_at=func.now()))
+        )
+
+    # WHEN the form is posted again and its event arrives, through the queue
+    second = put(infra, bucket, registered.key, SECOND, sequencer=LATER, at="2026-12-07T21:01:00.000Z")
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps(second.event))
+    (message,) = infra.sqs.receive_message(QueueUrl=infra.queues.url, AttributeNames=["All"])["Messages"]
+    answer = process.lambda_handler(sqs_event([message], infra.queues.arn), LambdaContext())
+
+    # THEN it comes back later (a reopening takes the failure's letter back: not while it is sent)
+    assert answer == {"batchItemFailures": [{"itemIdentifier": message["MessageId"]}]}
+    assert shown(db, registered.photo_id).width == 1280
+
+    # WHEN the letter was sent, and the event comes back
+    with db.begin() as connection:
+        connection.execute(
+            update(PhotoJob).where(PhotoJob.photo_id == registered.photo_id).values(dead_letter_owed_at=None)
+        )
+    assert deliver(second) == {"batchItemFailures": []}
+
+    # THEN the new picture is published
+    state = shown(db, registered.photo_id)
+    assert (state.processing_state, state.entity_version, state.width) == ("ready", 3, 1920)

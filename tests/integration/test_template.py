@@ -672,11 +672,13 @@ S3_OBJECTS = {
     "s3:DeleteObject": "variants",
     "s3:ListBucket": "bucket",
 }
-# Definitions whose objects are not the layout's default for their calls: a deleted photo's purge
-# removes its originals too; a registration signs (never sends) a POST of an original, which S3
-# authorizes as the signer.
+# Definitions whose objects or actions are not the layout's default for their calls: a deleted
+# photo's purge removes its originals too; a registration signs (never sends) a POST of an original,
+# which S3 authorizes as the signer; an original read pinned to the version its event names is a
+# GetObject with VersionId, which S3 authorizes as GetObjectVersion.
 REACHES = {
     ("photo_publish.adapters.storage", "S3Store", "delete_under"): {("s3:DeleteObject", "originals")},
+    ("photo_publish.adapters.storage", "S3Store", "open_original"): {("s3:GetObjectVersion", "originals")},
     ("photo_publish.uploads", None, "register"): {("s3:PutObject", "originals")},
 }
 SIGNING = {"generate_presigned_post"}

@@ -11,11 +11,13 @@ def test_the_stand_in_answers_the_templates_routes_and_only_them() -> None:
     # GIVEN the routes read from template.yaml
     routes = {route.key: route for route in template_routes()}
 
-    # THEN they are the upload API's three, and each matches its own paths only
+    # THEN they are the upload API's five, and each matches its own paths only
     assert set(routes) == {
         "POST /albums/{albumId}/photos",
         "GET /photos/{photoId}",
         "DELETE /photos/{photoId}",
+        "PUT /albums/{albumId}/members/{userId}",
+        "DELETE /albums/{albumId}/members/{userId}",
     }
     match = routes["POST /albums/{albumId}/photos"].pattern.match("/albums/a-b/photos")
     assert match and match.groupdict() == {"albumId": "a-b"}

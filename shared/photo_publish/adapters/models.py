@@ -49,6 +49,8 @@ class Photo(Base):
     latitude: Mapped[float | None]
     longitude: Mapped[float | None]
     altitude: Mapped[float | None]
+    original_etag: Mapped[str | None]
+    original_version: Mapped[str | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -81,6 +83,8 @@ class PhotoJob(Base):
     dead_letter_owed_at: Mapped[datetime | None]
     upload_sequencer: Mapped[str | None]
     upload_etag: Mapped[str | None]
+    upload_version: Mapped[str | None]
+    attempt_version: Mapped[str | None]
     failed_at: Mapped[datetime | None]
     rerender_to: Mapped[int | None]
     created_at: Mapped[datetime]

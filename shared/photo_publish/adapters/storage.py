@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -17,6 +18,29 @@ if TYPE_CHECKING:
 IMMUTABLE = "public, max-age=31536000, immutable"
 # S3 answers a missing key with 404 when the caller may list the prefix, else with 403.
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+# The pinned upload is no longer there: its ETag's bytes were written over (If-Match), or its
+# version was removed. A newer write took its place, and that write's own event follows.
+_REPLACED = frozenset({"PreconditionFailed", "412", "NoSuchVersion"})
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """The upload a read must return (SPEC 19): its version where the bucket keeps versions, else
+    its ETag's bytes."""
+
+    etag: str | None = None
+    version: str | None = None
+
+
+# A read that names nothing (an object store that does not say what it returned).
+UNNAMED = Pin()
+
+
+class OriginalReplaced(Exception):
+    """The pinned upload of an original was written over: not a failure, the newer write's event
+    (or a job message, which reads the current object) processes the photo."""
+
+
 # libvips asks for 4 KiB at a time; each read of the HTTP body costs tens of microseconds of Python
 # under the interpreter lock, which the other record's render then waits for. Reading ahead in
 # 256 KiB halves the time a 16 MB original takes to stream in, memory staying bounded.
@@ -31,9 +55,12 @@ class OriginalStream:
     ended by the S3 client's read timeout (bootstrap), a transient STORAGE_READ_FAILED.
     """
 
-    def __init__(self, body: Any, limit: int) -> None:
+    def __init__(self, body: Any, limit: int, *, etag: str | None = None, version: str | None = None) -> None:
         self._body = body
         self._limit = limit
+        # What was read (SPEC 19): recorded with the rendition made from these bytes.
+        self.etag = etag
+        self.version = version
         self._ahead = b""
         self._offset = 0
         self.bytes_read = 0
@@ -68,11 +95,20 @@ class S3Store:
         self._client = client
         self._bucket = bucket
 
-    def open_original(self, key: str, max_bytes: int) -> OriginalStream:
+    def open_original(self, key: str, max_bytes: int, pin: Pin | None = None) -> OriginalStream:
+        """The original's body; with a `pin`, the pinned upload's or OriginalReplaced."""
+        pinned = pin is not None and bool(pin.version or pin.etag)
         try:
-            response = self._client.get_object(Bucket=self._bucket, Key=key)
+            if pin is not None and pin.version:
+                response = self._client.get_object(Bucket=self._bucket, Key=key, VersionId=pin.version)
+            elif pin is not None and pin.etag:
+                response = self._client.get_object(Bucket=self._bucket, Key=key, IfMatch=f'"{pin.etag}"')
+            else:
+                response = self._client.get_object(Bucket=self._bucket, Key=key)
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
+            if pinned and code in _REPLACED:
+                raise OriginalReplaced(code) from error
             if code in _MISSING:
                 raise PhotoError(ErrorCode.ORIGINAL_NOT_FOUND, key) from error
             raise PhotoError(ErrorCode.STORAGE_READ_FAILED, code) from error
@@ -82,7 +118,13 @@ class S3Store:
         if response.get("ContentLength", 0) > max_bytes:
             body.close()
             raise PhotoError(ErrorCode.ORIGINAL_TOO_LARGE, f"{response['ContentLength']} > {max_bytes} bytes")
-        return OriginalStream(body, max_bytes)
+        version = response.get("VersionId")
+        return OriginalStream(
+            body,
+            max_bytes,
+            etag=response.get("ETag", "").strip('"') or None,
+            version=version if version and version != "null" else None,
+        )
 
     def delete_variants(self, keys: Sequence[str]) -> list[str]:
         """Delete variant objects, a thousand a call; the keys S3 deleted (or had no object for)."""

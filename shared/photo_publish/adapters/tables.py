@@ -90,6 +90,10 @@ photos = Table(
     Column("latitude", Double),
     Column("longitude", Double),
     Column("altitude", Double),  # metres
+    # The original its published rendition was read from (migration 0014, SPEC 19): the ETag
+    # (unquoted) and, in a versioned bucket, the version id. A later write to the key is a new picture.
+    Column("original_etag", Text),
+    Column("original_version", Text),
     *_created_updated(),
     CheckConstraint(one_of("processing_state", PROCESSING_STATES), name="photos_processing_state_check"),
     CheckConstraint(one_of("visibility", VISIBILITIES), name="photos_visibility_check"),
@@ -163,6 +167,10 @@ photo_jobs = Table(
     _timestamp("failed_at"),
     # A backfill's mark: re-render the published photo at this recipe version (SPEC 14).
     Column("rerender_to", Integer),
+    # The version ids of the newest upload seen and of the upload the last attempt worked from, in
+    # a versioned bucket (migration 0014): what the attempt reads, pinned.
+    Column("upload_version", Text),
+    Column("attempt_version", Text),
     *_created_updated(),
     CheckConstraint(one_of("status", JOB_STATUSES), name="photo_jobs_status_check"),
     CheckConstraint(one_of("last_error_code", ERROR_CODES), name="photo_jobs_last_error_code_check"),

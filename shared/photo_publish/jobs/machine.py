@@ -99,24 +99,31 @@ REGISTER = _declare("register", "-", PENDING, "the API registers a new photo: bo
 ENSURE = _declare("ensure", "-", PENDING, "an event for a photo that exists, whose job row is missing")
 REOPEN = _declare(
     "reopen",
-    FAILED,
+    f"{FAILED}|{DONE}",
     PENDING,
-    "an upload newer than the one its failed attempt worked from; no letter in flight",
-    "upload_sequencer upload_etag upload_at",
+    "an upload newer than the one its last attempt worked from: failed, no letter in flight; or done,"
+    " its photo published from another original (the upload is a new picture)",
+    "upload_sequencer upload_etag upload_at upload_version",
 )
 NOTE_UPLOAD = _declare(
     "note_upload",
     f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
     f"{PENDING}|{ACTIVE}|{DONE}|{FAILED}",
     "an upload not older than, and not the same as, the newest one seen",
-    "upload_sequencer upload_etag upload_at",
+    "upload_sequencer upload_etag upload_at upload_version",
 )
 CLAIM = _declare(
     "claim",
     f"{PENDING}|{ACTIVE}",
     ACTIVE,
     "pending and due; or active, stale, with attempts left (attempt + 1 is the fencing token)",
-    "attempt_sequencer attempt_etag attempt_upload_at attempt_started_at",
+    "attempt_sequencer attempt_etag attempt_upload_at attempt_started_at attempt_version",
+)
+STEP_ASIDE = _declare(
+    "step_aside",
+    ACTIVE,
+    PENDING,
+    "the claimed attempt found the upload it pinned written over: the newer write is processed",
 )
 RELEASE = _declare("release", ACTIVE, PENDING, "the claimed attempt failed transiently, attempts left")
 FAIL = _declare("fail", ACTIVE, FAILED, "the claimed attempt failed permanently")
@@ -125,9 +132,17 @@ FAIL_FINALLY = _declare(
 )
 REQUEUE_LOST = _declare("requeue_lost", ACTIVE, PENDING, "stale (its worker died), attempts left")
 FAIL_LOST = _declare("fail_lost", ACTIVE, FAILED, "stale, no attempts left (WORKER_LOST): a letter is owed")
-PUBLISH = _declare("publish", ACTIVE, DONE, "the claimed attempt published or re-rendered the photo")
+PUBLISH = _declare(
+    "publish",
+    ACTIVE,
+    DONE,
+    "the claimed attempt published or re-rendered the photo (or found that done already)",
+)
 SETTLE_PUBLISHED = _declare(
-    "settle_published", PENDING, DONE, "the photo is published at (or past) any version it is marked for"
+    "settle_published",
+    PENDING,
+    DONE,
+    "the photo is published at (or past) any version it is marked for, and no new picture is owed",
 )
 STAMP = _declare(
     "stamp",
@@ -319,11 +334,50 @@ def _sequencer_after(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElem
     )
 
 
-def _upload_terms(upload: Upload) -> tuple[ColumnElement[Any], ColumnElement[Any], ColumnElement[Any]]:
+def _upload_terms(
+    upload: Upload,
+) -> tuple[ColumnElement[Any], ColumnElement[Any], ColumnElement[Any], ColumnElement[Any]]:
     return (
         literal(upload.sequencer, Text),
         literal(upload.etag, Text),
         literal(upload.at, DateTime(timezone=True)),
+        literal(upload.version, Text),
+    )
+
+
+def picture_owed() -> ColumnElement[bool]:
+    """The job's newest upload is another original than its published photo's picture (as
+    `_another_picture` tells): a new picture is owed. True from a reopen until the new picture is
+    published (SPEC 19); read with the job joined to its photo."""
+    return case(
+        (
+            and_(photo_jobs.c.upload_version.is_not(None), photos.c.original_version.is_not(None)),
+            photo_jobs.c.upload_version != photos.c.original_version,
+        ),
+        (
+            and_(photo_jobs.c.upload_etag.is_not(None), photos.c.original_etag.is_not(None)),
+            photo_jobs.c.upload_etag != photos.c.original_etag,
+        ),
+        else_=false(),
+    )
+
+
+def _another_picture(etag: ColumnElement[Any], version: ColumnElement[Any]) -> ColumnElement[bool]:
+    """The job's photo is published from an original other than this upload (SPEC 19): by version id
+    where both name one, else by eTag. Where neither can tell (a photo published before migration
+    0014 recorded nothing), it is not: a late duplicate must not publish its picture again."""
+    another = case(
+        (
+            and_(version.is_not(None), photos.c.original_version.is_not(None)),
+            photos.c.original_version != version,
+        ),
+        (and_(etag.is_not(None), photos.c.original_etag.is_not(None)), photos.c.original_etag != etag),
+        else_=false(),
+    )
+    return (
+        select(photos.c.id)
+        .where(photos.c.id == photo_jobs.c.photo_id, photos.c.processing_state == "ready", another)
+        .exists()
     )
 
 
@@ -341,8 +395,13 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload, *, lease_seco
     older upload's late event is not), or, where the attempt saw no upload, the upload's time against
     the attempt's start; else by eTag. The upload is new proof that the original exists; the
     failure's letter is taken back with it, so none may be in flight (the caller comes back once
-    its lease has passed)."""
-    sequencer, etag, at = _upload_terms(upload)
+    its lease has passed).
+
+    A done job of a published photo, the same way, for an upload newer than the one its publishing
+    attempt worked from that is not the original its picture was read from (SPEC 19: a form posted
+    again writes the key again): the newest upload is processed as one, a new picture. A duplicate
+    of the event that published it, or an older upload's late event, reopens nothing."""
+    sequencer, etag, at, version = _upload_terms(upload)
     started = func.coalesce(photo_jobs.c.attempt_started_at, photo_jobs.c.failed_at)
     newer = case(
         (
@@ -363,7 +422,11 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload, *, lease_seco
     reopened = connection.execute(
         update(photo_jobs)
         .where(
-            photo_jobs.c.photo_id == photo_id, _status_in(REOPEN), newer, _no_letter_in_flight(lease_seconds)
+            photo_jobs.c.photo_id == photo_id,
+            _status_in(REOPEN),
+            newer,
+            _no_letter_in_flight(lease_seconds),
+            or_(photo_jobs.c.status == literal_column(f"'{FAILED}'"), _another_picture(etag, version)),
         )
         .values(
             _values(
@@ -379,6 +442,7 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload, *, lease_seco
                 upload_sequencer=func.coalesce(sequencer, photo_jobs.c.upload_sequencer),
                 upload_etag=func.coalesce(etag, photo_jobs.c.upload_etag),
                 upload_at=func.coalesce(at, photo_jobs.c.upload_at),
+                upload_version=func.coalesce(version, photo_jobs.c.upload_version),
                 **_keep("rerender_to"),
             )
         )
@@ -390,7 +454,7 @@ def reopen(connection: Connection, photo_id: UUID, upload: Upload, *, lease_seco
 def note_upload(connection: Connection, photo_id: UUID, upload: Upload) -> None:
     """Remember the newest upload that reached the job; an older one (S3 delivers out of order) or a
     repeated one changes nothing."""
-    sequencer, etag, at = _upload_terms(upload)
+    sequencer, etag, at, version = _upload_terms(upload)
     by_sequencer = and_(sequencer.is_not(None), photo_jobs.c.upload_sequencer.is_not(None))
     older = case(
         (by_sequencer, _sequencer_after(photo_jobs.c.upload_sequencer, sequencer)),
@@ -401,7 +465,15 @@ def note_upload(connection: Connection, photo_id: UUID, upload: Upload) -> None:
     connection.execute(
         update(photo_jobs)
         .where(photo_jobs.c.photo_id == photo_id, _status_in(NOTE_UPLOAD), not_(older), not_(repeated))
-        .values(_values(NOTE_UPLOAD, upload_sequencer=sequencer, upload_etag=etag, upload_at=at))
+        .values(
+            _values(
+                NOTE_UPLOAD,
+                upload_sequencer=sequencer,
+                upload_etag=etag,
+                upload_at=at,
+                upload_version=version,
+            )
+        )
     )
 
 
@@ -412,8 +484,18 @@ def _stale(stale_after: int) -> ColumnElement[bool]:
     return photo_jobs.c.claimed_at < func.now() - timedelta(seconds=stale_after)
 
 
-def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attempts: int) -> int | None:
-    """The attempt now claimed (the worker's fencing token), or None."""
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The attempt now claimed (the worker's fencing token) and the upload it works from: the newest
+    the job had seen, which a delivery of an upload reads pinned (SPEC 19)."""
+
+    attempt: int
+    etag: str | None = None
+    version: str | None = None
+
+
+def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attempts: int) -> Claim | None:
+    """The attempt now claimed, or None."""
     now = func.now()
     claimable = or_(
         and_(
@@ -422,7 +504,7 @@ def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attem
         ),
         and_(photo_jobs.c.status == ACTIVE, _stale(stale_after), photo_jobs.c.attempt < max_attempts),
     )
-    attempt: int | None = connection.scalar(
+    claimed = connection.execute(
         update(photo_jobs)
         .where(photo_jobs.c.photo_id == photo_id, _status_in(CLAIM), claimable)
         .values(
@@ -440,13 +522,39 @@ def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attem
                 attempt_sequencer=photo_jobs.c.upload_sequencer,
                 attempt_etag=photo_jobs.c.upload_etag,
                 attempt_upload_at=photo_jobs.c.upload_at,
+                attempt_version=photo_jobs.c.upload_version,
                 attempt_started_at=now,
                 **_keep("last_error_code", "rerender_to"),
             )
         )
-        .returning(photo_jobs.c.attempt)
+        .returning(photo_jobs.c.attempt, photo_jobs.c.attempt_etag, photo_jobs.c.attempt_version)
+    ).one_or_none()
+    return None if claimed is None else Claim(*claimed)
+
+
+def step_aside(connection: Connection, photo_id: UUID, attempt: int) -> bool:
+    """The claimed attempt gives the job back, due at once: the upload it pinned was written over
+    (SPEC 19), so it is no attempt's to render. The newer write's event claims it, or the sweep's
+    message (which reads the current object). The attempt count stays: it fences workers. False if
+    fenced out."""
+    stepped = connection.execute(
+        update(photo_jobs)
+        .where(_fenced(photo_id, attempt))
+        .values(
+            _values(
+                STEP_ASIDE,
+                status=PENDING,
+                next_retry_at=None,
+                claimed_at=None,
+                enqueued_at=None,
+                dead_letter_owed_at=None,
+                failed_at=None,
+                **_keep("attempt", "last_error_code", "rerender_to"),
+            )
+        )
+        .returning(photo_jobs.c.photo_id)
     )
-    return attempt
+    return stepped.first() is not None
 
 
 def _fenced(photo_id: UUID, attempt: int) -> ColumnElement[bool]:
@@ -596,8 +704,9 @@ def publish_photo(connection: Connection, photo_id: UUID, rendition: dict[str, A
 
 def settle_published(connection: Connection, photo_id: UUID) -> None:
     """A delivery for a published photo that nothing is owed for: its pending job is done. Not one
-    a backfill marked meanwhile for a version its variants are below (the decision to settle was
-    read before the mark: the mark wins)."""
+    a backfill marked meanwhile for a version its variants are below, nor one a newer upload
+    reopened meanwhile for a new picture (the decision to settle was read before: the mark, and the
+    upload, win)."""
     owed_nothing = (
         select(photos.c.id)
         .where(
@@ -607,6 +716,7 @@ def settle_published(connection: Connection, photo_id: UUID) -> None:
                 photo_jobs.c.rerender_to.is_(None),
                 func.coalesce(photos.c.variant_version, 0) >= photo_jobs.c.rerender_to,
             ),
+            not_(picture_owed()),
         )
         .exists()
     )

@@ -21,6 +21,8 @@ class Outcome(StrEnum):
     IGNORED = "ignored"
     # A newer claim owns the job: this worker's result is not recorded.
     SUPERSEDED = "superseded"
+    # The upload the attempt pinned was written over (SPEC 19): the newer write is processed instead.
+    REPLACED = "replaced"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
     RETRY = "retry"

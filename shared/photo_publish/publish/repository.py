@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Literal
 from uuid import UUID
 
 from sqlalchemy import (
@@ -30,6 +31,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from photo_publish.adapters.storage import UNNAMED, Pin
 from photo_publish.adapters.tables import (
     deleted_photos,
     photo_jobs,
@@ -67,11 +69,29 @@ class PhotoRow:
     worker_lost: bool = False
     # Its upload said the user agreed to keep its location (SPEC 18): only then is GPS read.
     keep_location: bool = False
+    # Published, and a newer upload of its original reopened its job: a new picture is owed (SPEC 19).
+    picture_owed: bool = False
+    # Its job's status (None without a job row).
+    job_status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
     attempt: int
+    # The upload the attempt works from (the newest the job has seen), which an upload's delivery
+    # reads pinned; not part of what a claim is equal to.
+    pin: Pin | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """The claim stands: how its render is committed. `publish` a photo's first picture; `rerender` a
+    published picture at a newer recipe; `picture` a published photo's new picture (its original
+    written again, SPEC 19), whose variants go under keys of their own (`tag`, the entity version it
+    publishes); `nothing` when the published picture is this one, at this recipe already."""
+
+    commit: Literal["publish", "rerender", "picture", "nothing"]
+    tag: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +166,15 @@ class PhotoRepository:
                     photo_jobs.c.rerender_to,
                     func.coalesce(worker_lost, false()),
                     photos.c.keep_location,
+                    func.coalesce(
+                        and_(
+                            photos.c.processing_state == "ready",
+                            photo_jobs.c.status == "pending",
+                            machine.picture_owed(),
+                        ),
+                        false(),
+                    ),
+                    photo_jobs.c.status,
                 )
                 .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
                 .where(photos.c.id == photo_id)
@@ -170,27 +199,31 @@ class PhotoRepository:
 
     def ensure_job(
         self, photo_id: UUID, *, upload: Upload | None = None, lease_seconds: int = STALE_AFTER_SECONDS
-    ) -> None:
+    ) -> bool:
         """The photo's job, created if the photo exists; a newer upload of its original reopens a
         failed job, and the newest upload that reached the job is remembered.
 
         A duplicate of an event, or its redelivery after a crash, announces the same upload and
         reopens nothing (an input that crashes its worker would otherwise loop: worker lost, dead
         letter, reopened, ...); nor does an upload older than the one seen (S3 delivers out of order).
+        A published photo's done job is reopened by a newer upload that is another original than
+        its picture's (SPEC 19). True if the upload reopened the job.
         """
         with self._transaction() as connection:
             machine.ensure(connection, photo_id)
-            if upload is not None and not machine.reopen(
-                connection, photo_id, upload, lease_seconds=lease_seconds
-            ):
-                machine.note_upload(connection, photo_id, upload)
+            if upload is None:
+                return False
+            if machine.reopen(connection, photo_id, upload, lease_seconds=lease_seconds):
+                return True
+            machine.note_upload(connection, photo_id, upload)
+            return False
 
     def claim(self, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
         """A due pending job, or a stale active one with attempts left; else why not."""
         with self._transaction() as connection:
-            attempt = machine.claim(connection, photo_id, stale_after=stale_after, max_attempts=max_attempts)
-            if attempt is not None:
-                return Claimed(attempt)
+            claimed = machine.claim(connection, photo_id, stale_after=stale_after, max_attempts=max_attempts)
+            if claimed is not None:
+                return Claimed(claimed.attempt, Pin(claimed.etag, claimed.version))
             # Not claimed: read why, only to answer the delivery (nothing is written on this read).
             now = func.now()
             due_at = case(
@@ -227,6 +260,7 @@ class PhotoRepository:
         variant_version: int,
         placeholder: Placeholder,
         capture: Capture = NO_CAPTURE,
+        original: Pin = UNNAMED,
     ) -> PublishResult:
         """SPEC 4.1's one transaction (`transaction.publish`)."""
         with self._transaction() as connection:
@@ -240,6 +274,7 @@ class PhotoRepository:
                 variant_version=variant_version,
                 placeholder=placeholder,
                 capture=capture,
+                original=original,
             )
 
     def replace_variants(
@@ -254,8 +289,11 @@ class PhotoRepository:
         placeholder: Placeholder,
         retire_after: timedelta,
         capture: Capture = NO_CAPTURE,
+        original: Pin = UNNAMED,
+        new_picture: bool = False,
     ) -> PublishResult:
-        """A re-render's one transaction (`transaction.replace_variants`)."""
+        """A re-render's, or a published photo's new picture's, one transaction
+        (`transaction.replace_variants`)."""
         with self._transaction() as connection:
             return transaction.replace_variants(
                 connection,
@@ -268,32 +306,56 @@ class PhotoRepository:
                 placeholder=placeholder,
                 capture=capture,
                 retire_after=retire_after,
+                original=original,
+                new_picture=new_picture,
             )
 
-    def holds(self, photo_id: UUID, attempt: int, variant_version: int) -> bool:
-        """The worker's claim still stands and the photo has no variants at this version yet: they
-        may be written.
+    def holds(self, photo_id: UUID, attempt: int, variant_version: int, read: Pin) -> Holding | None:
+        """Whether the worker's claim still stands (None if not), and how its render of the original
+        `read` is committed.
 
         Asked before the variant objects are written, because they carry an immutable Cache-Control:
-        a published version's objects are never written again (a re-render writes a newer version's).
+        a published version's objects are never written again (a re-render writes a newer version's,
+        a new picture its own).
         """
         with self._transaction() as connection:
-            return (
-                connection.scalar(
-                    select(photo_jobs.c.photo_id)
-                    .join(photos, photos.c.id == photo_jobs.c.photo_id)
-                    .where(
-                        photo_jobs.c.photo_id == photo_id,
-                        photo_jobs.c.status == "active",
-                        photo_jobs.c.attempt == attempt,
-                        or_(
-                            photos.c.processing_state != "ready",
-                            func.coalesce(photos.c.variant_version, 0) < variant_version,
-                        ),
-                    )
+            photo = connection.execute(
+                select(
+                    photos.c.processing_state,
+                    photos.c.variant_version,
+                    photos.c.original_etag,
+                    photos.c.original_version,
+                    photos.c.entity_version,
                 )
-                is not None
-            )
+                .join(photo_jobs, photos.c.id == photo_jobs.c.photo_id)
+                .where(
+                    photo_jobs.c.photo_id == photo_id,
+                    photo_jobs.c.status == "active",
+                    photo_jobs.c.attempt == attempt,
+                )
+            ).one_or_none()
+        if photo is None:
+            return None
+        if photo.processing_state != "ready":
+            return Holding("publish")
+        below = (photo.variant_version or 0) < variant_version
+        same = _same_original(photo.original_etag, photo.original_version, read)
+        # Published before the original was recorded: with nothing to re-render, only a new
+        # upload claims the job.
+        if same is False or (same is None and not below):
+            return Holding("picture", photo.entity_version + 1)
+        return Holding("rerender" if below else "nothing")
+
+    def finish(self, photo_id: UUID, attempt: int) -> None:
+        """The claimed attempt found the published picture to be the one it read, at its recipe:
+        its job is done, nothing written."""
+        with self._transaction() as connection:
+            machine.publish(connection, photo_id, attempt)
+
+    def step_aside(self, photo_id: UUID, attempt: int) -> bool:
+        """The upload the attempt pinned was written over: the job back to pending (SPEC 19)."""
+        with self._transaction() as connection:
+            return machine.step_aside(connection, photo_id, attempt)
 
     def fail(
         self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False
@@ -342,6 +404,19 @@ class PhotoRepository:
         """Back to `pending`, not claimable for `retry_in` seconds; False if fenced out."""
         with self._transaction() as connection:
             return machine.release(connection, photo_id, attempt, code, retry_in)
+
+
+def _same_original(etag: str | None, version: str | None, read: Pin) -> bool | None:
+    """Whether the original `read` is the one recorded (by version id where both name one, else by
+    ETag); None where nothing was recorded (published before migration 0014). A read that names
+    nothing (a store that does not say: S3 always does) is taken for the same."""
+    if read == UNNAMED:
+        return True
+    if version is not None and read.version is not None:
+        return version == read.version
+    if etag is not None and read.etag is not None:
+        return etag == read.etag
+    return None
 
 
 # SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback

@@ -12,6 +12,7 @@ from functools import partial
 from typing import Protocol
 from uuid import UUID
 
+from photo_publish.adapters.storage import UNNAMED, OriginalReplaced, Pin
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
@@ -54,11 +55,15 @@ def render_options(settings: Settings, budget: slots.DecodeBudget | None = None)
 
 
 class OriginalStream(Readable, Protocol):
+    # What was read (SPEC 19): the object's ETag and version id, where the store names them.
+    etag: str | None
+    version: str | None
+
     def close(self) -> None: ...
 
 
 class ObjectStore(Protocol):
-    def open_original(self, key: str, max_bytes: int) -> OriginalStream: ...
+    def open_original(self, key: str, max_bytes: int, pin: Pin | None = None) -> OriginalStream: ...
     def put_variant(self, key: str, data: bytes, content_type: str) -> None: ...
 
 
@@ -179,30 +184,43 @@ class PhotoService:
         # its batch dies holding an attempt of its own (tests/integration/test_worker_crash.py).
         alone = photo.worker_lost
         with self._gate.alone() if alone else self._gate.shared():
-            attempt = self._claim(photo, request)
-            if isinstance(attempt, Result):
-                return attempt
+            claimed = self._claim(photo, request)
+            if isinstance(claimed, Result):
+                return claimed
+            attempt = claimed.attempt
+            # An upload's delivery reads the upload the attempt works from, pinned (SPEC 19): the
+            # newest the job has seen, its own or one newer. A job message reads what is there.
+            pin = claimed.pin if request.upload is not None else None
             logger.thread_safe_append_keys(attempt=attempt)
             try:
-                return self._attempt(photo, attempt, remaining, started, alone=alone)
+                return self._attempt(photo, attempt, pin, remaining, started, alone=alone)
             except RenderAlone as over:
                 # Its header says more than a shared slot: it leaves the records it is among, keeping
                 # its claim, and renders once none is left (SPEC 3: only what no slot of this
                 # function could hold is refused).
                 logger.info("rendering alone", decode_bytes=over.needs, slot_bytes=over.slot)
         with self._gate.alone():
-            return self._attempt(photo, attempt, remaining, started, alone=True)
+            return self._attempt(photo, attempt, pin, remaining, started, alone=True)
 
     def _attempt(
-        self, photo: PhotoRow, attempt: int, remaining: Remaining, started: float, *, alone: bool
+        self,
+        photo: PhotoRow,
+        attempt: int,
+        pin: Pin | None,
+        remaining: Remaining,
+        started: float,
+        *,
+        alone: bool,
     ) -> Result:
         """Render and publish the claimed attempt; a failure is recorded, RenderAlone passed on."""
         try:
             return self._render_and_publish(
-                photo, attempt, remaining, time.perf_counter() - started, alone=alone
+                photo, attempt, pin, remaining, time.perf_counter() - started, alone=alone
             )
         except RenderAlone:
             raise
+        except OriginalReplaced as replaced:
+            return self._replaced(photo, attempt, pin, str(replaced))
         except PhotoError as error:
             return self._failures.attempt_failed(photo.id, attempt, error)
         except Exception as error:
@@ -225,10 +243,48 @@ class PhotoService:
         if request.original is not None and request.original.key != photo.original_key:
             logger.warning("event key is not the photo's original", key=request.original.key)
             return Result(Outcome.IGNORED, photo.id)
-        if photo.processing_state == "ready" and not self._rerender(photo):
+        if (
+            photo.processing_state == "ready"
+            and not self._rerender(photo)
+            and not photo.picture_owed
+            and not self._new_picture(photo, request)
+        ):
+            if request.upload is not None and photo.job_status == "failed":
+                # Its re-render failed for good and the letter may be on its way: the upload reopens
+                # the job once no sender holds it (the record comes back for that), as for any
+                # failed photo; meanwhile an owed letter is sent.
+                owed = self._failures.owed_letter(photo.id)
+                if owed.outcome is Outcome.RETRY:
+                    return owed
             self._repository.mark_done(photo.id)
             return Result(Outcome.ALREADY, photo.id)
         return photo
+
+    def _new_picture(self, photo: PhotoRow, request: PhotoRequest) -> bool:
+        """The event announces an upload newer than, and other than, the published picture's
+        original (a form posted again, SPEC 19): the job is reopened, and the upload processed as
+        the newest, a new picture. A duplicate or an older upload's event is not."""
+        if request.upload is None:
+            return False
+        reopened = self._repository.ensure_job(
+            photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
+        )
+        if reopened:
+            logger.info("published photo's original written again: a new picture")
+        return reopened
+
+    def _replaced(self, photo: PhotoRow, attempt: int, pin: Pin | None, code: str) -> Result:
+        """The upload the attempt pinned was written over (S3 answered `code`): not a failure. The job
+        goes back to pending for the newer write, whose own event follows (and the sweep's message,
+        which reads the current object, if it does not)."""
+        logger.info(
+            "original written over since its upload",
+            code=code,
+            etag=None if pin is None else pin.etag,
+            version=None if pin is None else pin.version,
+        )
+        self._repository.step_aside(photo.id, attempt)
+        return Result(Outcome.REPLACED, photo.id, attempt=attempt)
 
     def _rerender(self, photo: PhotoRow) -> bool:
         """A published photo a backfill marked, whose variants are on an older recipe than this
@@ -236,7 +292,7 @@ class PhotoService:
         version = self._settings.variant_version
         return photo.rerender_to is not None and (photo.variant_version or 0) < version
 
-    def _claim(self, photo: PhotoRow, request: PhotoRequest) -> int | Result:
+    def _claim(self, photo: PhotoRow, request: PhotoRequest) -> Claimed | Result:
         """The attempt this delivery now owns (its fencing token), or why it owns none."""
         self._repository.ensure_job(
             photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
@@ -245,8 +301,8 @@ class PhotoService:
             photo.id, stale_after=self._settings.stale_after_seconds, max_attempts=self._settings.max_attempts
         )
         match claim:
-            case Claimed(attempt=attempt):
-                return attempt
+            case Claimed():
+                return claim
             case NotClaimable(status="failed"):
                 return self._failures.owed_letter(photo.id)
             case NotClaimable(retry_in=None):
@@ -257,7 +313,7 @@ class PhotoService:
                 return self._worker_lost(photo, request, attempt)
         return Result(Outcome.SKIPPED, photo.id)
 
-    def _worker_lost(self, photo: PhotoRow, request: PhotoRequest, attempt: int) -> int | Result:
+    def _worker_lost(self, photo: PhotoRow, request: PhotoRequest, attempt: int) -> Claimed | Result:
         """The job's last attempt lay with a dead worker: it fails for good (WORKER_LOST, a page).
 
         The record may carry an upload newer than the attempts lost (a new file arrived while the
@@ -271,12 +327,26 @@ class PhotoService:
         return lost if isinstance(again, Result) and again.outcome is Outcome.DUPLICATE else again
 
     def _render_and_publish(
-        self, photo: PhotoRow, attempt: int, remaining: Remaining, claim_seconds: float, *, alone: bool
+        self,
+        photo: PhotoRow,
+        attempt: int,
+        pin: Pin | None,
+        remaining: Remaining,
+        claim_seconds: float,
+        *,
+        alone: bool,
     ) -> Result:
         settings = self._settings
         started = time.perf_counter()
         # Opened before a render slot is free: S3's first byte arrives while other records render.
-        stream = self._store.open_original(photo.original_key, settings.max_original_bytes)
+        stream = (
+            self._store.open_original(photo.original_key, settings.max_original_bytes, pin)
+            if pin is not None
+            else self._store.open_original(photo.original_key, settings.max_original_bytes)
+        )
+        # What these bytes are (SPEC 19): as S3 named them, else as the pin did.
+        named = pin or UNNAMED
+        read = Pin(stream.etag or named.etag, stream.version or named.version)
         try:
             opened = time.perf_counter()
             with self._renders:
@@ -296,10 +366,14 @@ class PhotoService:
             # The photo publishes all the same, without what its EXIF did not say clearly.
             logger.warning("capture metadata left empty", problem=rendered.capture_problem)
 
-        if not self._repository.holds(photo.id, attempt, settings.variant_version):
-            # Taken over, or published meanwhile at this version: its variants are not this worker's
-            # to write.
+        holding = self._repository.holds(photo.id, attempt, settings.variant_version, read)
+        if holding is None:
+            # Taken over: its variants are not this worker's to write.
             return Result(Outcome.SUPERSEDED, photo.id, attempt=attempt)
+        if holding.commit == "nothing":
+            # The published picture is the one read, at this recipe: its objects are never rewritten.
+            self._repository.finish(photo.id, attempt)
+            return Result(Outcome.ALREADY, photo.id, attempt=attempt)
         self._budget(remaining, settings.commit_budget_seconds)
         stored = [
             StoredVariant(
@@ -311,6 +385,7 @@ class PhotoService:
                     version=settings.variant_version,
                     kind=variant.same_as or variant.kind,
                     ext=variant.extension,
+                    picture=holding.tag,
                 ),
                 variant.width,
                 variant.height,
@@ -330,14 +405,17 @@ class PhotoService:
 
         self._budget(remaining, settings.commit_budget_seconds)
         stored_at = time.perf_counter()
-        # A published photo is re-rendered (its variants replaced), any other published.
+        # A published photo is re-rendered or given its new picture (its variants replaced), any
+        # other published.
         commit = (
-            partial(
+            partial(self._repository.publish, original=read)
+            if holding.commit == "publish"
+            else partial(
                 self._repository.replace_variants,
                 retire_after=timedelta(seconds=settings.variant_grace_seconds),
+                original=read,
+                new_picture=holding.commit == "picture",
             )
-            if photo.processing_state == "ready"
-            else self._repository.publish
         )
         published = commit(
             photo.id,

@@ -13,9 +13,10 @@ from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, delete, func, select, true, update
 from sqlalchemy.dialects.postgresql import insert
 
+from photo_publish.adapters.storage import UNNAMED, Pin
 from photo_publish.adapters.tables import photo_variants, photos, retired_variants
 from photo_publish.jobs import machine
 from photo_publish.keys import FIXED_KINDS, VariantKind
@@ -60,8 +61,10 @@ def publish(
     variant_version: int,
     placeholder: Placeholder,
     capture: Capture,
+    original: Pin = UNNAMED,
 ) -> PublishResult:
     """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing.
+    `original` is what the variants were rendered from (SPEC 19), recorded with them.
 
     Fenced first: only the worker that holds the job's claimed attempt may publish, so a worker
     whose job was taken over changes nothing (its job row is locked before the photo's, the
@@ -70,7 +73,9 @@ def publish(
     if not machine.publish(connection, photo_id, attempt):
         return PublishResult(_superseded_or_skipped(connection, photo_id))
     published = machine.publish_photo(
-        connection, photo_id, _rendition(width, height, variant_version, placeholder, capture)
+        connection,
+        photo_id,
+        _rendition(width, height, variant_version, placeholder, capture, original=original),
     )
     if published is None:
         # Zero rows: published already (by a worker of an earlier claim), or deleted.
@@ -103,24 +108,27 @@ def replace_variants(
     placeholder: Placeholder,
     capture: Capture,
     retire_after: timedelta,
+    original: Pin = UNNAMED,
+    new_picture: bool = False,
 ) -> PublishResult:
     """SPEC 14: a published photo's variants re-rendered at a newer recipe, in one transaction.
 
     The photo's new rows, its version bump and photo.variants_updated, or nothing. The objects
     of the version it replaces are retired, to be deleted after `retire_after`: clients and
     caches may still hold their keys.
+
+    With `new_picture`, the variants are of another original than the published picture's (its key
+    written again, SPEC 19): the same replacement, told as what it is, `photo.published` with the
+    new entity version (a new picture, as a first upload's), whatever the recipe versions.
     """
     if not machine.publish(connection, photo_id, attempt):
         return PublishResult(_superseded_or_skipped(connection, photo_id))
+    # Published at this version meanwhile (a new upload's own render): nothing to re-render.
+    due = true() if new_picture else func.coalesce(photos.c.variant_version, 0) < variant_version
     replaced = connection.execute(
         update(photos)
-        .where(
-            photos.c.id == photo_id,
-            photos.c.processing_state == "ready",
-            # Published at this version meanwhile (a new upload's own render): nothing to do.
-            func.coalesce(photos.c.variant_version, 0) < variant_version,
-        )
-        .values(**_rendition(width, height, variant_version, placeholder, capture))
+        .where(photos.c.id == photo_id, photos.c.processing_state == "ready", due)
+        .values(**_rendition(width, height, variant_version, placeholder, capture, original=original))
         .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
     ).one_or_none()
     if replaced is None:
@@ -138,7 +146,7 @@ def replace_variants(
     _store_variants(connection, photo_id, variants, variant_version)
     payload, event_id = _append_event(
         connection,
-        PHOTO_VARIANTS_UPDATED,
+        PHOTO_PUBLISHED if new_picture else PHOTO_VARIANTS_UPDATED,
         photo_id,
         replaced,
         width=width,
@@ -165,7 +173,7 @@ def replace_variants(
             )
             .on_conflict_do_nothing(index_elements=[retired_variants.c.storage_key])
         )
-    return PublishResult("rerendered", payload)
+    return PublishResult("published" if new_picture else "rerendered", payload)
 
 
 def _superseded_or_skipped(connection: Connection, photo_id: UUID) -> Literal["superseded", "skipped"]:
@@ -254,11 +262,23 @@ def _append_event(
 
 
 def _rendition(
-    width: int, height: int, variant_version: int, placeholder: Placeholder, capture: Capture
+    width: int,
+    height: int,
+    variant_version: int,
+    placeholder: Placeholder,
+    capture: Capture,
+    *,
+    original: Pin,
 ) -> dict[str, Any]:
     """The photo's columns a render sets, publishing or re-rendering: its displayed size, its
-    variants' version, its placeholder, its capture metadata, and one version bump."""
+    variants' version, its placeholder, its capture metadata, the original it was read from, and one
+    version bump."""
+    # Nothing read to record (an object store that names nothing): the recorded original stays.
+    read = (
+        {} if original == UNNAMED else {"original_etag": original.etag, "original_version": original.version}
+    )
     return {
+        **read,
         "width": width,
         "height": height,
         "variant_version": variant_version,
