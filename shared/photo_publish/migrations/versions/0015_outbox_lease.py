@@ -6,14 +6,14 @@
   the two leaves its rows to be sent again once the lease has passed (a duplicate with the same
   eventId, never a loss). No network call is made while a transaction holds a row lock.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 """
 
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
