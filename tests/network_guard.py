@@ -31,17 +31,6 @@ from typing import Any
 import botocore.session
 from sqlalchemy import Connection, Engine, event
 
-# Known and not fixed yet, allowed by name so that the rest of the suite stays guarded: the outbox
-# relay holds its rows' FOR UPDATE lock across PutEvents (SPEC 12's design: the lock keeps two relays
-# from sending a row at once and a photo's events in order). Leasing instead needs a lease column on
-# outbox_events (a migration). Each entry: (file, function) of a frame on the calling stack.
-KNOWN = frozenset(
-    {
-        ("photo_publish/outbox/relay.py", "publish_pending"),
-        ("photo_publish/outbox/relay.py", "hand_off"),
-    }
-)
-
 
 @dataclass(frozen=True)
 class Violation:
@@ -97,8 +86,6 @@ class NetworkGuard:
         operation = kwargs.get("event_name", "before-send").removeprefix("before-send.")
         # The project's frames (and the tests'), not botocore's and pytest's.
         frames = [f for f in traceback.extract_stack()[:-1] if "site-packages" not in f.filename]
-        if any(f.filename.endswith(file) and f.name == name for f in frames for file, name in KNOWN):
-            return
         violation = Violation(
             f"{operation} ({request.method} {request.url})", "".join(traceback.format_list(frames))
         )

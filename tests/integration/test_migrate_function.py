@@ -28,6 +28,9 @@ from tests.cfn_responses import Put, ResponseUrl, response_url
 from tests.conftest import STAGE, Infra
 from tests.rows import scalar_at
 
+# The project's newest migration: a test's own step goes after it.
+HEAD = migrate.head()
+
 SCHEMA = "photo_publish"
 
 
@@ -299,12 +302,12 @@ def test_a_migration_past_its_deadline_is_rolled_back_and_its_locks_released_bef
 
 
 def with_a_migration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upgrade: str) -> None:
-    """The project's migrations and one more after them (0014, whose upgrade() is `upgrade`), in a
+    """The project's migrations and one more after them (9999, whose upgrade() is `upgrade`), in a
     test-only script directory the function migrates from."""
     scripts = tmp_path / "migrations"
     shutil.copytree(migrate.SCRIPTS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0014_test_step.py").write_text(
-        'import time\n\nfrom alembic import op\n\nrevision = "0014"\ndown_revision = "0013"\n'
+    (scripts / "versions" / "9999_test_step.py").write_text(
+        f'import time\n\nfrom alembic import op\n\nrevision = "9999"\ndown_revision = "{HEAD}"\n'
         "branch_labels = None\ndepends_on = None\n\n\ndef upgrade() -> None:\n"
         + textwrap.indent(textwrap.dedent(upgrade).strip(), "    ")
         + "\n"
@@ -315,8 +318,8 @@ def with_a_migration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upgrade: s
 def test_a_migration_that_ignores_its_cancel_has_its_session_ended_before_failed_is_answered(
     fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN a database at 0013, and a migration 0014 whose statement swallows every cancel
-    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    # GIVEN a database at the head, and a migration 9999 whose statement swallows every cancel
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), HEAD)
     with_a_migration(
         tmp_path,
         monkeypatch,
@@ -337,20 +340,20 @@ def test_a_migration_that_ignores_its_cancel_has_its_session_ended_before_failed
     (put,) = answers.wait()
 
     # THEN FAILED, saying the server ended the run's session; when it was sent, no session of the
-    # run was left and the migrations' lock was free; nothing of 0014 was committed
+    # run was left and the migrations' lock was free; nothing of 9999 was committed
     assert put.body["Status"] == "FAILED" and "pg_terminate_backend" in put.body["Reason"]
     assert at_the_answer == [([], 0)]
     observer.dispose()
-    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
     assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.stubborn') IS NULL") is True
 
 
 def test_a_migration_stopped_between_two_statements_sends_no_other(
     fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN a database at 0013, a sequence (whose nextval no rollback undoes), and a migration 0014
+    # GIVEN a database at the head, a sequence (whose nextval no rollback undoes), and a migration 9999
     # that pauses on the client between two statements past the function's deadline
-    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), HEAD)
     owner = create_engine(sqlalchemy_url(fresh.url))
     with owner.begin() as connection:
         connection.exec_driver_sql("CREATE SEQUENCE public.probe")
@@ -372,16 +375,16 @@ def test_a_migration_stopped_between_two_statements_sends_no_other(
     # THEN FAILED; the statement after the pause never reached the server, and nothing committed
     assert put.body["Status"] == "FAILED" and "not finished within" in put.body["Reason"]
     assert scalar_at(fresh.url, "SELECT is_called FROM public.probe") is False
-    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
     assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.paused') IS NULL") is True
 
 
 def test_a_migration_whose_client_goes_quiet_in_its_transaction_is_ended_by_the_server(
     fresh: Database, answers: ResponseUrl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN a database at 0013, a migration 0014 whose client stops between two statements (as a
+    # GIVEN a database at the head, a migration 9999 whose client stops between two statements (as a
     # container frozen mid-run does), and an idle-in-transaction timeout of half a second
-    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), "0013")
+    command.upgrade(migrate.config(fresh.url, schema=SCHEMA), HEAD)
     with_a_migration(
         tmp_path,
         monkeypatch,
@@ -398,7 +401,7 @@ def test_a_migration_whose_client_goes_quiet_in_its_transaction_is_ended_by_the_
     (put,) = answers.wait()
 
     # THEN the server ended the quiet session (its locks with it) and rolled it back: FAILED, and
-    # nothing of 0014 committed
+    # nothing of 9999 committed
     assert put.body["Status"] == "FAILED" and "idle-in-transaction timeout" in put.body["Reason"]
-    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == "0013"
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
     assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.quiet') IS NULL") is True

@@ -313,7 +313,12 @@ def test_a_relay_killed_between_put_events_and_its_commit_only_sends_duplicates_
     assert event_ids(first) == Counter(dict.fromkeys(ids, 1))
     assert waiting(db) == 15
 
-    # WHEN the next run comes
+    # AND a run before their lease has passed leaves them to the relay that may still be sending
+    assert run_relay()["published"] == 0
+
+    # WHEN the next run comes once the lease has passed
+    with db.begin() as connection:
+        connection.execute(update(OutboxEvent).values(leased_until=func.now() - timedelta(seconds=1)))
     assert run_relay()["published"] == 15
 
     # THEN it sent them again with the same eventId (EventBridge's own ids differ: dedupe on eventId)
@@ -589,8 +594,10 @@ def test_ten_thousand_photos_with_the_bus_failing_at_random_are_all_delivered_in
 
     engines = [create_database_engine(infra.settings) for _ in range(3)]
     clients = [stack.events_client() for _ in range(3)]
+    # Runs of a second, so batches of a second: a killed run's lease (three batches' time) passes
+    # within a few runs, as a minute's lease passes between the real relay's runs.
     first, second, handoff = (
-        Relay(e, EventBridgeBus(c, bus_name), infra.settings, retry_seconds=0)
+        Relay(e, EventBridgeBus(c, bus_name), infra.settings, retry_seconds=0, batch_seconds=1.0)
         for e, c in zip(engines, clients, strict=True)
     )
 

@@ -118,3 +118,4 @@ class OutboxEvent(Base):
     payload: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
     published_at: Mapped[datetime | None]
+    leased_until: Mapped[datetime | None]

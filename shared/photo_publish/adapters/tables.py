@@ -293,6 +293,10 @@ outbox_events = Table(
     Column("payload", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     _timestamp("published_at"),
+    # Until when a relay that is sending the row holds it (migration 0015): the call is made with
+    # no transaction open, and a relay that died leaves it to the next once this has passed.
+    _timestamp("leased_until"),
+    CheckConstraint("leased_until IS NULL OR published_at IS NULL", name="outbox_events_lease_check"),
     # A relay reads the unpublished events in order; published ones leave the index.
     Index("outbox_events_unpublished_idx", "created_at", postgresql_where=text("published_at IS NULL")),
     # Migration 0005: a photo's waiting events (the relay's per-photo order, the hand-off), and

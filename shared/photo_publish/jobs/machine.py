@@ -1134,9 +1134,13 @@ def delete(
     ).one_or_none()
     if gone is None:
         return None
+    # Not a row a relay is sending (leased): it reaches the bus before the photo.deleted written
+    # below, which waits behind it, as the lock a relay once held across its call made it do.
     connection.execute(
         outbox_events.delete().where(
-            outbox_events.c.aggregate_id == photo_id, outbox_events.c.published_at.is_(None)
+            outbox_events.c.aggregate_id == photo_id,
+            outbox_events.c.published_at.is_(None),
+            or_(outbox_events.c.leased_until.is_(None), outbox_events.c.leased_until < func.now()),
         )
     )
     # Its replaced versions' keys, waiting out their grace: the deletion takes every version's

@@ -1,10 +1,11 @@
 """The outbox relay (SPEC 12): the outbox's events onto the EventBridge bus, at least once.
 
-A polling publisher, like the sweep: waiting rows are taken oldest first with FOR UPDATE SKIP
-LOCKED in a transaction held across PutEvents, and marked `published_at` in it once their entry was
-accepted. Two relays at once never send the same row in one pass (the lock), and a relay killed
-between PutEvents and its commit only sends those entries again, with the same `eventId` (a
-duplicate, never a loss).
+A polling publisher, like the sweep: waiting rows are leased oldest first (FOR UPDATE SKIP LOCKED,
+`leased_until` set, committed), sent with PutEvents while no transaction is open (SPEC 19: a row
+lock is never held across a network call), and marked `published_at` in a second short transaction
+once their entry was accepted. Two relays at once never send the same row in one pass (the lease),
+and a relay killed between PutEvents and its mark only sends those entries again once their lease
+has passed, with the same `eventId` (a duplicate, never a loss).
 
 A row is taken only when every older event of its photo was accepted, so a photo's events reach
 the bus in the order they were written (its `entityVersion` order), whatever failed in between.
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from botocore.exceptions import BotoCoreError, ClientError
-from sqlalchemy import Connection, Engine, delete, exists, func, select, tuple_, update
+from sqlalchemy import Connection, Engine, delete, exists, func, or_, select, tuple_, update
 
 from photo_publish.adapters.tables import outbox_events
 from photo_publish.budget import Remaining, forever
@@ -191,9 +192,10 @@ class Relay:
         self._delete_batch_size = delete_batch_size
         self._attempts = attempts
         self._retry_seconds = retry_seconds
-        # No new PutEvents call once a batch's transaction has been open this long: its row locks
-        # must end well before the server's idle-in-transaction timeout.
+        # No new PutEvents call once a batch has been sending this long; its lease outlasts that
+        # and the calls' tries, so that no other relay takes a row still being sent.
         self._batch_seconds = batch_seconds
+        self._lease_seconds = 3 * batch_seconds
 
     def publish_pending(
         self, remaining: Remaining = forever, *, reserve_seconds: float = 10.0
@@ -206,12 +208,11 @@ class Relay:
             if remaining() < reserve_seconds:
                 summary.out_of_time = True
                 break
-            with self._engine.begin() as connection:
-                waiting = _take(connection, self._batch_size, exclude=refused)
-                if not waiting:
-                    break
-                sent = self._send(waiting, summary, lambda: remaining() - reserve_seconds)
-                _mark_published(connection, sent.accepted)
+            waiting = self._lease(self._batch_size, exclude=refused)
+            if not waiting:
+                break
+            sent = self._send(waiting, summary, lambda: remaining() - reserve_seconds)
+            self._settle(waiting, sent.accepted)
             summary.batches += 1
             summary.published += len(sent.accepted)
             summary.not_accepted += len(sent.refused)
@@ -234,23 +235,43 @@ class Relay:
         sent = 0
         try:
             for _ in range(most):
-                with self._engine.begin() as connection:
-                    waiting = _take(connection, 1, photo_id=photo_id)
-                    if not waiting:
-                        break
-                    item = entry(waiting[0])
-                    too_large = entry_size(item) > MAX_CALL_BYTES
-                    (error,) = ["TooLarge"] if too_large else self._bus.put_entries([item])
-                    if error is not None:
-                        logger.warning("event not handed off", event_id=str(waiting[0].id), reason=error)
-                        return HandOff(sent, True, time.perf_counter() - started)
-                    _mark_published(connection, [waiting[0].id])
+                waiting = self._lease(1, photo_id=photo_id)
+                if not waiting:
+                    break
+                item = entry(waiting[0])
+                too_large = entry_size(item) > MAX_CALL_BYTES
+                (error,) = ["TooLarge"] if too_large else self._bus.put_entries([item])
+                self._settle(waiting, [] if error is not None else [waiting[0].id])
+                if error is not None:
+                    logger.warning("event not handed off", event_id=str(waiting[0].id), reason=error)
+                    return HandOff(sent, True, time.perf_counter() - started)
                 sent += 1
         except Exception as error:
             # The record's own work is committed: nothing here may fail it. The relay delivers.
             logger.warning("event hand-off failed", photo_id=str(photo_id), reason=repr(error))
             return HandOff(sent, True, time.perf_counter() - started)
         return HandOff(sent, False, time.perf_counter() - started)
+
+    def _lease(
+        self, limit: int, *, photo_id: UUID | None = None, exclude: set[UUID] | None = None
+    ) -> list[Waiting]:
+        """Waiting rows this relay may send, leased for longer than its calls can take (committed:
+        the calls are made with no transaction open)."""
+        with self._engine.begin() as connection:
+            return _take(connection, limit, lease=self._lease_seconds, photo_id=photo_id, exclude=exclude)
+
+    def _settle(self, waiting: Sequence[Waiting], accepted: Sequence[UUID]) -> None:
+        """The accepted rows published; the rest of the lease given back (refused or not tried: a
+        later pass or run takes them)."""
+        with self._engine.begin() as connection:
+            _mark_published(connection, accepted)
+            connection.execute(
+                update(outbox_events)
+                .where(
+                    outbox_events.c.id.in_([w.id for w in waiting]), outbox_events.c.published_at.is_(None)
+                )
+                .values(leased_until=None)
+            )
 
     def _send(self, waiting: list[Waiting], summary: RelaySummary, left: Remaining) -> _Sent:
         """PutEvents for the batch, 10 entries and 256 KB a call; only the entries that failed are
@@ -342,10 +363,16 @@ class Relay:
 
 
 def _take(
-    connection: Connection, limit: int, *, photo_id: UUID | None = None, exclude: set[UUID] | None = None
+    connection: Connection,
+    limit: int,
+    *,
+    lease: float,
+    photo_id: UUID | None = None,
+    exclude: set[UUID] | None = None,
 ) -> list[Waiting]:
-    """Lock and read waiting rows, oldest first, each the oldest waiting event of its photo; rows
-    another relay holds are skipped (SKIP LOCKED), and so are the later events of their photos."""
+    """Lease waiting rows for `lease` seconds, oldest first, each the oldest waiting event of its
+    photo; rows another relay holds (locked or leased) are skipped, and so are the later events of
+    their photos."""
     older = outbox_events.alias("older").c
     an_older_one_waits = exists().where(
         older.aggregate_id == outbox_events.c.aggregate_id,
@@ -359,7 +386,11 @@ def _take(
             outbox_events.c.payload,
             outbox_events.c.created_at,
         )
-        .where(outbox_events.c.published_at.is_(None), ~an_older_one_waits)
+        .where(
+            outbox_events.c.published_at.is_(None),
+            or_(outbox_events.c.leased_until.is_(None), outbox_events.c.leased_until < func.now()),
+            ~an_older_one_waits,
+        )
         .order_by(outbox_events.c.created_at, outbox_events.c.id)
         .limit(limit)
         .with_for_update(of=outbox_events, skip_locked=True)
@@ -368,7 +399,14 @@ def _take(
         stmt = stmt.where(outbox_events.c.aggregate_id == photo_id)
     if exclude:
         stmt = stmt.where(outbox_events.c.id.not_in(exclude))
-    return [Waiting(*row) for row in connection.execute(stmt)]
+    taken = [Waiting(*row) for row in connection.execute(stmt)]
+    if taken:
+        connection.execute(
+            update(outbox_events)
+            .where(outbox_events.c.id.in_([w.id for w in taken]))
+            .values(leased_until=func.now() + timedelta(seconds=lease))
+        )
+    return taken
 
 
 def _mark_published(connection: Connection, event_ids: Sequence[UUID]) -> None:
@@ -377,5 +415,5 @@ def _mark_published(connection: Connection, event_ids: Sequence[UUID]) -> None:
             update(outbox_events)
             .where(outbox_events.c.id.in_(event_ids))
             # The moment of acceptance, not the transaction's start (now()).
-            .values(published_at=func.clock_timestamp())
+            .values(published_at=func.clock_timestamp(), leased_until=None)
         )
