@@ -60,7 +60,8 @@ from photo_publish import bootstrap, operator
 from photo_publish import uploads as app_uploads
 from photo_publish.adapters import storage
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
-from photo_publish.adapters.storage import OriginalStream, S3Store
+from photo_publish.adapters.queue import DeadLetterQueue
+from photo_publish.adapters.storage import OriginalReplaced, OriginalStream, S3Store
 from photo_publish.adapters.tables import photo_jobs
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest, from_sqs_body
@@ -161,6 +162,11 @@ def s3_after(a: str, b: str) -> bool:
     return a.upper().ljust(width, "0") > b.upper().ljust(width, "0")
 
 
+def etag_of(upload: int) -> str:
+    """The stand-in's eTag of a key's `upload`-th upload: each upload a different file."""
+    return f"etag-{upload}"
+
+
 @dataclass
 class Store:
     """The originals, with the next read's fault set by the test; the variants put."""
@@ -171,15 +177,22 @@ class Store:
     during_put: Callable[[], None] | None = None
 
     fault: ErrorCode | str | None = None
+    # Each key's newest upload, by its eTag (a key not in it holds its first upload): a form
+    # re-posted writes the key again, and a read pinned to an older upload finds it written over,
+    # as in a bucket without versions.
+    current: dict[str, str] = field(default_factory=dict)
 
     def open_original(self, key: str, max_bytes: int, pin: Any = None) -> Any:
         fault, self.fault = self.fault, None
+        etag = self.current.get(key, etag_of(1))
+        if pin is not None and pin.etag and pin.etag != etag:
+            raise OriginalReplaced("PreconditionFailed")
         if fault == SLOW:
             # The render's own limit and then some, spent waiting for the body's bytes.
-            return OriginalStream(SlowBody(ORIGINAL, RENDER_LIMIT + 10), max_bytes)
+            return OriginalStream(SlowBody(ORIGINAL, RENDER_LIMIT + 10), max_bytes, etag=etag)
         if fault is not None:
             raise PhotoError(ErrorCode(fault), "injected")
-        return OriginalStream(io.BytesIO(ORIGINAL), max_bytes)
+        return OriginalStream(io.BytesIO(ORIGINAL), max_bytes, etag=etag)
 
     def put_variant(self, key: str, data: bytes, content_type: str) -> None:
         self.puts += 1
@@ -276,6 +289,15 @@ class Queue:
     def change_message_visibility(self, *, ReceiptHandle: str, **_: Any) -> None:
         self.received.discard(int(ReceiptHandle))
 
+    def delete_message_batch(self, *, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        for entry in Entries:
+            self.delete_message(QueueUrl=QueueUrl, ReceiptHandle=entry["ReceiptHandle"])
+        return {"Successful": [{"Id": entry["Id"]} for entry in Entries]}
+
+    def change_message_visibility_batch(self, *, QueueUrl: str, Entries: list[dict[str, Any]]) -> None:
+        for entry in Entries:
+            self.change_message_visibility(ReceiptHandle=entry["ReceiptHandle"])
+
     def send_message_batch(self, *, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
         self.inflight.extend(uuid.UUID(json.loads(e["MessageBody"])["photoId"]) for e in Entries)
         return {}
@@ -315,7 +337,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.store, self.queue = Store(), Queue()
         self.queue.on_letter = self._letter_accepted
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
-        self.sweeper = Sweeper(self.engine, self.queue, self.settings, store=self.store, batch_size=2)
+        self.sweeper = self._sweeper(self.settings)
         # The photos in the rules' places; a new upload takes a deleted one's place.
         self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
         self.everyone = list(self.photos)
@@ -331,6 +353,9 @@ class JobStateMachine(RuleBasedStateMachine):
         # The recipe version the operator's last `rerender --all` marked for, until a `--stop`.
         self.backfilling: int | None = None
         self.deleted: set[uuid.UUID] = set()
+        # Photos deleted while a sender held their letter, past its last look (SPEC 19): the one
+        # letter that may still reach the queue for a deleted photo, which the sweep removes.
+        self.deleted_in_send: set[uuid.UUID] = set()
         self.version = 1  # the recipe version the deployed functions render
 
     # --- what the world does ------------------------------------------------------------
@@ -350,7 +375,7 @@ class JobStateMachine(RuleBasedStateMachine):
         request = PhotoRequest(shot.photo_id)
         if upload is not None:
             self.announced.setdefault(shot.photo_id, set()).add(upload)
-            mark = Upload(sequencer=self._sequencer(index, upload), etag=f"etag-{upload}")
+            mark = Upload(sequencer=self._sequencer(index, upload), etag=etag_of(upload))
             request = PhotoRequest(shot.photo_id, parse_original_key(shot.key, STAGE), mark)
         result = self.service.process(request)
         self.store.fault = None
@@ -377,8 +402,7 @@ class JobStateMachine(RuleBasedStateMachine):
         """The newest upload's event again (a duplicate, a redelivery), a new upload (its sequencer
         longer or shorter than the one before), or a late one."""
         if which == "new":
-            self.uploads[index] += 1
-            self.tails[(index, self.uploads[index])] = tail
+            self._new_upload(index, tail)
         upload = self.uploads[index] - (which == "older")
         sequencer = self._sequencer(index, upload)
         before = self._job(index)
@@ -409,6 +433,18 @@ class JobStateMachine(RuleBasedStateMachine):
         delivery meeting `fault`, then the second's, whose sequencer is as often shorter as longer."""
         self.deliver_an_upload_event(index, fault, "new", first)
         self.deliver_an_upload_event(index, None, "new", second)
+
+    def _new_upload(self, index: int, tail: str) -> int:
+        """The user posts the photo's form again with another file (before or after it published:
+        the form is valid for minutes); its event is not sent yet."""
+        self.uploads[index] += 1
+        upload = self.uploads[index]
+        self.tails[(index, upload)] = tail
+        self.store.current[self.photos[index].key] = self._etag(upload)
+        return upload
+
+    def _etag(self, upload: int) -> str:
+        return etag_of(upload)
 
     def _assert_upload_taken(self, index: int, sequencer: str, outcome: Outcome) -> None:
         after = self._job(index)
@@ -443,12 +479,16 @@ class JobStateMachine(RuleBasedStateMachine):
         """A user uploads a new file (typically to fix a failed photo) while the database refuses
         the process function through `receives` receives of its notification (up to the one the
         delivery hands it on from); then the database is back and the queue's messages arrive."""
-        self.uploads[index] += 1
-        upload = self.uploads[index]
-        self.tails[(index, upload)] = tail
+        upload = self._new_upload(index, tail)
         self.announced.setdefault(self.photos[index].photo_id, set()).add(upload)
         sequencer = self._sequencer(index, upload)
-        body = notification(self.photos[index].key, upload, sequencer, bucket=self.settings.photo_bucket)
+        body = notification(
+            self.photos[index].key,
+            upload,
+            sequencer,
+            bucket=self.settings.photo_bucket,
+            etag=self._etag(upload),
+        )
         waiting = len(self.queue.inflight)
         acknowledged = self._through_an_outage(body, receives)
         # The database is back, and what the receives left arrives: what they handed on to the queue
@@ -534,7 +574,7 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule(
         index=st.integers(0, PHOTOS - 1),
         rounds=st.integers(1, 4),
-        meanwhile=st.sampled_from([None, "retry", "rerender"]),
+        meanwhile=st.sampled_from([None, "retry", "rerender", "delete"]),
         answered=st.booleans(),
     )
     def the_original_cannot_be_read_for_a_while(
@@ -559,7 +599,7 @@ class JobStateMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._behind()))
     @rule(
         pick=st.integers(0, 20),
-        meanwhile=st.sampled_from([None, "retry", "rerender"]),
+        meanwhile=st.sampled_from([None, "retry", "rerender", "delete"]),
         answered=st.booleans(),
     )
     def a_rerender_cannot_read_the_original(self, pick: int, meanwhile: str | None, answered: bool) -> None:
@@ -621,16 +661,23 @@ class JobStateMachine(RuleBasedStateMachine):
         for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
             self.queue.send_job(photo_id)
 
-    @rule(index=st.integers(0, PHOTOS - 1), act=st.sampled_from(["retry", "rerender"]))
+    @rule(index=st.integers(0, PHOTOS - 1), act=st.sampled_from(["retry", "rerender", "delete"]))
     def the_operator_acts_while_a_letter_is_on_its_way(self, index: int, act: str) -> None:
         """A retry of the photo, or `rerender --all` resumed, commits while some sender (a worker,
         the sweep) holds the photo's next letter: taken back then, it would page for a photo no
-        longer failed."""
+        longer failed. Or its user deletes it then, past the sender's last look (SPEC 19): that
+        letter may reach the queue, and the sweep removes it."""
         photo_id = self.photos[index].photo_id
         if act == "retry":
             self.queue.during_send = (photo_id, lambda: self.an_operator_retries(index))
+        elif act == "delete":
+            self.queue.during_send = (photo_id, lambda: self._delete_in_send(photo_id))
         elif self.version > 1:
             self.queue.during_send = (photo_id, self.the_operator_resumes_the_backfill)
+
+    def _delete_in_send(self, photo_id: uuid.UUID) -> None:
+        self.deleted_in_send.add(photo_id)
+        self._delete(photo_id)
 
     @rule()
     def an_operator_redrives(self) -> None:
@@ -680,7 +727,14 @@ class JobStateMachine(RuleBasedStateMachine):
     def _deploy(self, settings: Settings) -> None:
         self.settings = settings
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, settings)
-        self.sweeper = Sweeper(self.engine, self.queue, settings, store=self.store, batch_size=2)
+        self.sweeper = self._sweeper(settings)
+
+    def _sweeper(self, settings: Settings) -> Sweeper:
+        """The sweep, reading the recording dead-letter queue for letters of deleted photos."""
+        letters = DeadLetterQueue(self.queue, DEAD_LETTER_URL, bucket=settings.photo_bucket, stage=STAGE)  # type: ignore[arg-type]
+        return Sweeper(
+            self.engine, self.queue, settings, store=self.store, batch_size=2, dead_letters=letters
+        )
 
     @precondition(lambda self: bool(self.deleted))
     @rule(pick=st.integers(0, 20), what=st.sampled_from(["upload", "message", "delete"]), fault=FAULTS)
@@ -738,7 +792,10 @@ class JobStateMachine(RuleBasedStateMachine):
                 select(PhotoJob.status, PhotoJob.last_error_code).where(PhotoJob.photo_id == photo_id)
             ).one_or_none()
         if job is None:
-            return  # deleted while its letter was on its way: the redrive removes such letters
+            # SPEC 19: a photo deleted before its sender's last look pages nobody; only one deleted
+            # while the letter was being sent may reach the queue (the sweep then removes it).
+            assert photo_id in self.deleted_in_send, "a dead letter for a photo deleted before it was sent"
+            return
         assert (job.status, job.last_error_code) == ("failed", code.value), (
             f"a dead letter ({code.value}) for a photo whose job is {job.status} ({job.last_error_code})"
         )
@@ -879,12 +936,33 @@ class JobStateMachine(RuleBasedStateMachine):
                     f"a photo marked for version {self.backfilling} stays behind with its job {status}"
                     f" ({code}) and no letter waiting"
                 )
+        # SPEC 19: no letter of a deleted photo is left in the dead-letter queue, and a published
+        # photo whose last upload was processed shows the stored original's current upload.
+        self._assert_no_letter_of_a_deleted_photo()
+        with self.engine.connect() as connection:
+            shown = dict(
+                connection.execute(
+                    select(Photo.original_key, Photo.original_etag)
+                    .join(PhotoJob, PhotoJob.photo_id == Photo.id)
+                    .where(Photo.processing_state == "ready", PhotoJob.status == "done")
+                ).all()
+            )
+        for index, shot in enumerate(self.photos):
+            if shot.key in shown:
+                current = self._etag(self.uploads[index])
+                assert shown[shot.key] == current, (
+                    f"the published picture is upload {shown[shot.key]}, the original's is {current}"
+                )
         # A deleted photo's variants, put by a render that raced its deletion, were purged.
         for shot in self.everyone:
             if shot.photo_id in self.deleted:
                 assert self._objects_of(shot.photo_id, shot.album_id) == [], (
                     "a deleted photo's objects stayed"
                 )
+
+    def _assert_no_letter_of_a_deleted_photo(self) -> None:
+        waiting = {photo_id for photo_id, _ in self.letters_waiting()}
+        assert not waiting & self.deleted, "a deleted photo's letter stays in the dead-letter queue"
 
     def dead_letters(self) -> list[tuple[uuid.UUID, ErrorCode]]:
         """Every letter ever sent."""
@@ -1010,6 +1088,13 @@ class RealHandlerMachine(JobStateMachine):
     def _object_store(self) -> Any:
         return S3Store(self.s3, REAL_BUCKET)
 
+    def _etag(self, upload: int) -> str:
+        return hashlib.md5(ORIGINAL, usedforsecurity=False).hexdigest()  # every upload writes ORIGINAL
+
+    def _assert_no_letter_of_a_deleted_photo(self) -> None:
+        """Not here: the model reads moto's dead-letter queue itself (hiding what it read), so the
+        sweep's removal is the first machine's to check."""
+
     def _put_original(self, shot: uploads.Upload) -> None:
         uploads.put_original(self.s3, REAL_BUCKET, shot.key, ORIGINAL)
 
@@ -1086,7 +1171,9 @@ class RealHandlerMachine(JobStateMachine):
         return dead
 
 
-def notification(key: str, upload: int, sequencer: str, *, bucket: str = REAL_BUCKET) -> str:
+def notification(
+    key: str, upload: int, sequencer: str, *, bucket: str = REAL_BUCKET, etag: str | None = None
+) -> str:
     """The S3 event notification of the `upload`-th upload of `key` (its body as SQS carries it),
     with S3's sequencer and the eTag of the bytes every upload here writes (ORIGINAL's: the process
     function reads the upload its event names, by eTag in this unversioned bucket)."""
@@ -1094,7 +1181,7 @@ def notification(key: str, upload: int, sequencer: str, *, bucket: str = REAL_BU
     record["s3"]["bucket"]["name"] = bucket
     # Sent as it happens (a reopening compares the event's time with the failed attempt's start).
     record["eventTime"] = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    etag = hashlib.md5(ORIGINAL, usedforsecurity=False).hexdigest()
+    etag = etag or hashlib.md5(ORIGINAL, usedforsecurity=False).hexdigest()
     record["s3"]["object"] |= {"key": key, "sequencer": sequencer, "eTag": etag}
     return json.dumps({"Records": [record]})
 
