@@ -162,6 +162,9 @@ def _request(model: type[RegisterRequest]) -> RegisterRequest:
         data = json.loads(text)
     except ValueError as error:  # not JSON, or a number longer than Python's integer-string limit
         raise BadRequest("BODY_INVALID", f"The body must be a JSON object: {_first_line(error)}.") from None
+    if not isinstance(data, dict):
+        # The parser would read a string as JSON once more: the model is for the object itself.
+        raise BadRequest("BODY_INVALID", "The body must be a JSON object.")
     try:
         return parse(event=data, model=model)
     except ValidationError as invalid:

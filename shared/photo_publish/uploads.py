@@ -179,7 +179,9 @@ def register(
     with engine.begin() as connection:
         # The backend's photos belong to no user; a user's need the album to be theirs or shared.
         owner = user_of(caller)
-        if owner is not None and not machine.admit_to_album(connection, album, owner):
+        if owner is None:
+            machine.backend_album(connection, album)
+        elif not machine.admit_to_album(connection, album, owner):
             raise Forbidden("ALBUM_FORBIDDEN", "This album is another user's, and was not shared with you.")
         machine.register(connection, photo_id, album, key, keep_location=keep_location, owner=owner)
     # Signed, not sent: the browser's POST carries the policy, and S3 refuses what it does not allow.
@@ -219,8 +221,8 @@ def _shown(value: object) -> str:
 
 
 def share_album(engine: Engine, album_id: str | UUID, member: str, *, caller: Caller) -> None:
-    """`member` may register into `album_id` (the backend's call); an album nobody owns yet becomes
-    `member`'s, as if they had registered into it first."""
+    """`member` may register into `album_id` (the backend's call), and read and delete what they put
+    there; an album nobody owns yet stays the backend's (sharing gives no ownership)."""
     album, user = _album(album_id), _member(member, caller)
     with engine.begin() as connection:
         machine.share_album(connection, album, user)

@@ -6,9 +6,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, func, insert, select, text, update
+from sqlalchemy import Engine, create_engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from devkit import stack
@@ -85,6 +86,47 @@ def test_the_models_match_the_migrated_schema(db: Engine) -> None:
 
     # THEN there is nothing a migration would still have to do
     assert diff == []
+
+
+def test_the_albums_migration_gives_an_album_the_backend_used_to_no_user(engine: Engine) -> None:
+    # GIVEN a database before albums had owners: an album the backend registered two photos into
+    # and a user another (as any user could), and an album of one user's photos before another's
+    name = f"pre0013_{uuid.uuid4().hex[:8]}"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = engine.url.set(database=name)
+    alembic = migrate.config(url.render_as_string(hide_password=False))
+    command.upgrade(alembic, "0012")
+    backends, users = uuid.uuid4(), uuid.uuid4()
+    old = create_engine(url)
+    with old.begin() as c:
+        for album, owner, at in [
+            (backends, None, 1),
+            (backends, None, 2),
+            (backends, "mallory", 3),
+            (users, "alice", 1),
+            (users, "bob", 2),
+        ]:
+            photo_id = uuid.uuid4()
+            c.execute(
+                text(
+                    "INSERT INTO photos (id, album_id, original_key, owner, created_at)"
+                    " VALUES (:id, :album, :key, :owner, now() - make_interval(secs => 10 - :at))"
+                ),
+                {"id": photo_id, "album": album, "key": f"k/{photo_id}", "owner": owner, "at": at},
+            )
+
+    # WHEN the migrations run on to the head
+    command.upgrade(alembic, "head")
+
+    # THEN the backend's album is no user's (mallory's photo there claims nothing); the other is
+    # its earliest user's
+    with old.connect() as c:
+        owners = dict(c.execute(text("SELECT id, owner FROM albums")).all())
+    old.dispose()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    assert owners == {backends: None, users: "alice"}
 
 
 def test_an_upload_api_needs_to_write_only_the_ids_and_the_key(db: Engine) -> None:

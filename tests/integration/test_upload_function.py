@@ -234,6 +234,7 @@ def test_behind_a_jwt_authorizer_another_users_registration_into_an_album_is_403
         '{"fileName": "a.jpg", "contentType": "image/jpeg", "size": ' + "9" * 5_000 + "}",
         '{"fileName": "a.jpg", "contentType": "image/jpeg", "size": ' + "9" * 4_000 + "}",
         '{"fileName": "' + "a" * 20_000 + '.jpg", "contentType": "image/jpeg"}',
+        json.dumps(json.dumps({"fileName": "a.jpg", "contentType": "image/jpeg"})),
     ],
     ids=[
         "nested-100000-deep",
@@ -241,10 +242,11 @@ def test_behind_a_jwt_authorizer_another_users_registration_into_an_album_is_403
         "size-5000-digits",
         "size-4000-digits",
         "body-20-kb",
+        "an-object-inside-a-string",
     ],
 )
 def test_a_malformed_body_is_400_with_a_reason_a_person_can_read(infra: Infra, db: Engine, body: str) -> None:
-    # GIVEN a body no registration can be: too deep, a number too long, too large
+    # GIVEN a body no registration can be: too deep, a number too long, too large, not an object
     # WHEN it is posted
     answer = register(str(uuid.uuid4()), body)
 
@@ -305,17 +307,48 @@ def test_the_backend_shares_an_album_and_takes_it_back(infra: Infra, db: Engine)
     assert register_as(jwt("alice"), album)["statusCode"] == 201
 
 
-def test_sharing_an_album_nobody_owns_makes_the_user_its_owner(infra: Infra, db: Engine) -> None:
+def photo(method: str, user: str, photo_id: str) -> int:
+    """A user's GET or DELETE of a photo, behind the JWT authorizer."""
+    return request(method, f"/photos/{photo_id}", "/photos/{photoId}", jwt(user), photoId=photo_id)
+
+
+def test_sharing_the_backends_album_gives_a_member_their_own_photos_and_an_unshare_takes_it_back(
+    infra: Infra, db: Engine
+) -> None:
     # GIVEN an album only the backend has registered into
     album = str(uuid.uuid4())
-    assert register_as(IAM, album)["statusCode"] == 201
+    backends = json.loads(register_as(IAM, album)["body"])["photoId"]
 
     # WHEN the backend shares it with carol
     assert members("PUT", IAM, album, "carol")["statusCode"] == 204
 
-    # THEN it is carol's: she registers, dave does not
-    assert register_as(jwt("carol"), album)["statusCode"] == 201
+    # THEN carol registers and reads her own photo, dave does not register; the album stays the
+    # backend's: carol neither reads nor deletes the backend's photo
+    carols = json.loads(register_as(jwt("carol"), album)["body"])["photoId"]
     assert register_as(jwt("dave"), album)["statusCode"] == 403
+    assert photo("GET", "carol", carols) == 200
+    assert (photo("GET", "carol", backends), photo("DELETE", "carol", backends)) == (404, 404)
+
+    # WHEN the backend takes it back, THEN carol registers no more: the membership was all she had
+    assert members("DELETE", IAM, album, "carol")["statusCode"] == 204
+    assert register_as(jwt("carol"), album)["statusCode"] == 403
+    with db.connect() as c:
+        assert c.execute(text("SELECT owner FROM albums")).scalars().all() == [None]
+
+
+def test_an_album_the_backend_emptied_stays_no_users_to_claim(infra: Infra, db: Engine) -> None:
+    # GIVEN an album the backend registered a photo into, then deleted it
+    album = str(uuid.uuid4())
+    first = json.loads(register_as(IAM, album)["body"])["photoId"]
+    assert request("DELETE", f"/photos/{first}", "/photos/{photoId}", IAM, photoId=first) == 204
+
+    # WHEN mallory registers into the empty album, and the backend puts another photo there
+    claimed = register_as(jwt("mallory"), album)["statusCode"]
+    later = json.loads(register_as(IAM, album)["body"])["photoId"]
+
+    # THEN she was refused, and the backend's later photo is not hers to read or delete
+    assert claimed == 403
+    assert (photo("GET", "mallory", later), photo("DELETE", "mallory", later)) == (404, 404)
 
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE"])
@@ -348,9 +381,6 @@ def test_an_albums_owner_reads_and_deletes_a_members_photo_and_the_member_not_th
     assert members("PUT", IAM, album, "bob")["statusCode"] == 204
     bobs = json.loads(register_as(jwt("bob"), album)["body"])["photoId"]
 
-    def photo(method: str, user: str, photo_id: str) -> int:
-        return request(method, f"/photos/{photo_id}", "/photos/{photoId}", jwt(user), photoId=photo_id)
-
     # THEN bob neither reads nor deletes alice's photo (as for an unknown one)
     assert (photo("GET", "bob", alices), photo("DELETE", "bob", alices)) == (404, 404)
     # AND alice, the album's owner, reads and deletes bob's
@@ -373,5 +403,5 @@ def test_an_album_the_backend_filled_is_no_users_to_claim(infra: Infra, db: Engi
     # THEN she is refused, and the photo is untouched: only the backend's sharing opens the album
     assert (claimed, read, deleted) == (403, 404, 404)
     with db.connect() as c:
-        assert c.scalar(text("SELECT count(*) FROM albums")) == 0
+        assert c.execute(text("SELECT owner FROM albums")).scalars().all() == [None]
         assert c.scalar(text("SELECT count(*) FROM photos")) == 1

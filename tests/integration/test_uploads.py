@@ -28,6 +28,7 @@ from photo_publish.keys import photo_prefixes
 from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
+from tests.network_guard import GUARD
 from tests.polling import poll_until
 from tests.rows import published
 
@@ -400,6 +401,7 @@ def test_two_users_racing_to_create_one_album_leave_one_owner(infra: Infra, db: 
             answers[user] = forbidden.reason
 
     with db.connect() as holder:
+        GUARD.another_session(holder)  # the test's lock, not the code's: polling may go on under it
         holder.execute(text("LOCK TABLE photos IN SHARE MODE"))
         threads = [threading.Thread(target=register_in, args=(user,)) for user in ("alice", "bob")]
         for thread in threads:

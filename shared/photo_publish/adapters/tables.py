@@ -251,12 +251,13 @@ deleted_photos = Table(
 )
 
 # Albums under a JWT authorizer (migration 0013, SPEC 19): the user who first registered into one
-# owns it; the backend shares it with members, who may register into it too.
+# owns it, or the backend (owner null) where it registered first; the backend shares an album with
+# members, who may register into it too.
 albums = Table(
     "albums",
     metadata,
     Column("id", Uuid, primary_key=True),
-    Column("owner", Text, nullable=False),
+    Column("owner", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("owner <> ''", name="albums_owner_check"),
 )

@@ -260,23 +260,22 @@ def ensure(connection: Connection, photo_id: UUID) -> None:
 
 def admit_to_album(connection: Connection, album_id: UUID, user: str) -> bool:
     """Whether `user` may register into `album_id`: its owner, or a member the backend shared it
-    with. A new album (no owner, no photo) becomes `user`'s: of two users racing to create it, the
+    with. A new album (no row, no photo) becomes `user`'s: of two users racing to create it, the
     second's insert waits for the first's commit and then reads the first as the owner. An album
-    the backend has filled is no user's to claim (its photos would become theirs to delete): only
-    sharing opens it. The rows read are locked against an unshare until the caller's transaction
-    (the photo's insert) commits."""
-    backend_filled = select(photos.c.id).where(photos.c.album_id == album_id).exists()
+    the backend has used (its row's owner null, or photos an upload API wrote without one) is no
+    user's to claim (its photos would become theirs to read and delete): only sharing opens it.
+    The rows read are locked against an unshare until the caller's transaction (the photo's
+    insert) commits."""
+    used = select(photos.c.id).where(photos.c.album_id == album_id).exists()
     connection.execute(
         insert(albums)
-        .from_select(
-            ["id", "owner"], select(literal(album_id, Uuid), literal(user, Text)).where(~backend_filled)
-        )
+        .from_select(["id", "owner"], select(literal(album_id, Uuid), literal(user, Text)).where(~used))
         .on_conflict_do_nothing(index_elements=[albums.c.id])
     )
     owner = connection.scalar(
         select(albums.c.owner).where(albums.c.id == album_id).with_for_update(read=True)
     )
-    if owner == user:
+    if owner is not None and owner == user:
         return True
     member = connection.scalar(
         select(album_members.c.member)
@@ -286,17 +285,23 @@ def admit_to_album(connection: Connection, album_id: UUID, user: str) -> bool:
     return member is not None
 
 
+def backend_album(connection: Connection, album_id: UUID) -> None:
+    """The backend registers into `album_id`: an album no user owns yet stays the backend's (owner
+    null), so that no user claims it later, even once its photos are gone."""
+    connection.execute(insert(albums).values(id=album_id).on_conflict_do_nothing(index_elements=[albums.c.id]))
+
+
 def share_album(connection: Connection, album_id: UUID, member: str) -> None:
-    """`member` may register into `album_id`; an album nobody owns yet becomes theirs."""
-    connection.execute(
-        insert(albums).values(id=album_id, owner=member).on_conflict_do_nothing(index_elements=[albums.c.id])
-    )
+    """`member` may register into `album_id`, and may read and delete what they put there (never
+    its other photos, unless they own it). An album nobody owns yet is the backend's from now on:
+    sharing gives no ownership, so an unshare takes back everything it gave."""
+    backend_album(connection, album_id)
     connection.execute(
         insert(album_members)
         .from_select(
             ["album_id", "member"],
             select(albums.c.id, literal(member, Text)).where(
-                albums.c.id == album_id, albums.c.owner != member
+                albums.c.id == album_id, albums.c.owner.is_distinct_from(member)
             ),
         )
         .on_conflict_do_nothing(index_elements=[album_members.c.album_id, album_members.c.member])

@@ -1,9 +1,9 @@
 """The trust boundary (SPEC 19): albums kept to their users, erasures that reach the CDN.
 
-- albums: under a JWT authorizer an album belongs to the user who first registered into it; the
-  backend (AWS_IAM) registers without making anyone its owner, so an album the backend alone has
-  used has no row here until a user registers into it. Existing albums go to the subject of their
-  earliest photo with one.
+- albums: under a JWT authorizer an album belongs to the user who first registered into it; one the
+  backend (AWS_IAM) registered into first is the backend's (owner null) and no user's to claim, even
+  once emptied. Existing albums: the backend's where it registered any of their photos, else the
+  subject of their earliest photo.
 - album_members: the users the backend shared an album with; they may register into it too.
 - cdn_invalidations: the CDN paths (one wildcard a photo) a deletion, hide or rejection still has
   to invalidate; the sweep sends them in batches and deletes the rows CloudFront accepted, so a
@@ -25,7 +25,7 @@ def upgrade() -> None:
     op.execute("""
         CREATE TABLE albums (
             id         uuid PRIMARY KEY,
-            owner      text NOT NULL CHECK (owner <> ''),
+            owner      text CHECK (owner <> ''),
             created_at timestamptz NOT NULL DEFAULT now()
         );
         CREATE TABLE album_members (
@@ -35,10 +35,12 @@ def upgrade() -> None:
             PRIMARY KEY (album_id, member)
         );
         INSERT INTO albums (id, owner, created_at)
-        SELECT DISTINCT ON (album_id) album_id, owner, created_at
+        SELECT album_id,
+               CASE WHEN bool_or(owner IS NULL OR owner = '') THEN NULL
+                    ELSE (array_agg(owner ORDER BY created_at, id))[1] END,
+               min(created_at)
           FROM photos
-         WHERE owner IS NOT NULL AND owner <> ''
-         ORDER BY album_id, created_at, id;
+         GROUP BY album_id;
         CREATE TABLE cdn_invalidations (
             path         text PRIMARY KEY,
             requested_at timestamptz NOT NULL DEFAULT now(),
