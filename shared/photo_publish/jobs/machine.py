@@ -288,7 +288,9 @@ def admit_to_album(connection: Connection, album_id: UUID, user: str) -> bool:
 def backend_album(connection: Connection, album_id: UUID) -> None:
     """The backend registers into `album_id`: an album no user owns yet stays the backend's (owner
     null), so that no user claims it later, even once its photos are gone."""
-    connection.execute(insert(albums).values(id=album_id).on_conflict_do_nothing(index_elements=[albums.c.id]))
+    connection.execute(
+        insert(albums).values(id=album_id).on_conflict_do_nothing(index_elements=[albums.c.id])
+    )
 
 
 def share_album(connection: Connection, album_id: UUID, member: str) -> None:
