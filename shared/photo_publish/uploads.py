@@ -336,8 +336,8 @@ def delete(
 ) -> bool:
     """The photo leaves the product everywhere the product put it: its rows and waiting events at
     once (with a `photo.deleted` event), then its original and every variant of every version, then
-    the CDN's copies (with CDN_DISTRIBUTION_ID: its variants path, sent through `cdn` at once, else
-    or if refused by the sweep). A render that raced it commits nothing; objects it may have put
+    the CDN's copies (its variants path, recorded with the deletion, sent through `cdn` at once
+    where given, else or if refused by the sweep). A render that raced it commits nothing; objects it may have put
     meanwhile are purged by the sweep once no worker can still hold the photo (STALE_AFTER_SECONDS).
     False for an unknown photo, or one a user caller may not delete (neither theirs nor in their
     album: an album's owner may delete what a member put in it)."""
@@ -353,13 +353,13 @@ def delete(
         if deleted is None:
             return False
         writer.append_deleted(connection, deleted)
+        # Recorded whether or not this process knows the distribution (an app's own API calling the
+        # library may not): the sweep, which the template tells it, sends what is left.
         path = invalidations.photo_path(settings.stage, deleted.album_id, photo_uuid)
-        if settings.cdn_distribution_id:
-            invalidations.request_invalidations(connection, [path])
+        invalidations.request_invalidations(connection, [path])
     # Best effort now; the sweep's purge deletes whatever this could not.
     removed = s3_store.delete_under(photo_prefixes(settings.stage, deleted.album_id, photo_uuid))
-    if settings.cdn_distribution_id:
-        _invalidate(engine, settings, cdn, path, removed=removed)
+    _invalidate(engine, settings, cdn, path, removed=removed)
     return True
 
 

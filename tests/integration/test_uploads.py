@@ -20,10 +20,11 @@ import requests
 from sqlalchemy import Engine, func, select, text, update
 
 from devkit import handlers, samples
+from devkit.poller import LambdaContext
 from photo_publish import bootstrap, operator, uploads
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import S3Store
-from photo_publish.adapters.tables import deleted_photos
+from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
 from photo_publish.keys import photo_prefixes
 from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
 from tests import cdn
@@ -248,19 +249,52 @@ def test_an_album_erasure_reaches_the_cdn_in_a_bounded_number_of_calls(
     assert cdn.waiting(db) == {}
 
 
-def test_without_a_cdn_a_deletion_asks_nothing_of_cloudfront(infra: Infra, db: Engine) -> None:
-    # GIVEN a distribution the functions are not told of (CDN_DISTRIBUTION_ID unset: no CDN)
+def test_a_deletion_by_a_process_that_knows_no_cdn_reaches_it_through_the_sweep(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN a stack's distribution, and an app's own API deleting through the library in a process
+    # that is not told of it (CDN_DISTRIBUTION_ID unset there)
     distribution = cdn.distribution(BUCKET)
     registration = register(infra, db)
+    with db.connect() as c:
+        album = c.scalar(select(Photo.album_id).where(Photo.id == registration.photo_id))
+    path = f"/{STAGE}/albums/{album}/variants/{registration.photo_id}/*"
 
     # WHEN the photo is deleted
     assert uploads.delete(
         db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
     )
 
-    # THEN nothing is recorded to invalidate, and CloudFront is not called
-    assert cdn.waiting(db) == {}
+    # THEN its path waits, CloudFront not called by the deleter
+    assert set(cdn.waiting(db)) == {path}
     assert cdn.invalidations(distribution) == []
+
+    # WHEN the sweep, which the template tells the distribution, runs once the path is due
+    infra.monkeypatch.setenv("CDN_DISTRIBUTION_ID", distribution)
+    with db.begin() as c:
+        c.execute(update(cdn_invalidations).values(next_try_at=func.now() - timedelta(minutes=1)))
+    bootstrap.reset()
+    handlers.load("sweep").lambda_handler({"source": "aws.events"}, LambdaContext(timeout_seconds=60))
+
+    # THEN the path is invalidated at the distribution, and waits no more
+    assert cdn.invalidations(distribution) == [[path]]
+    assert cdn.waiting(db) == {}
+
+
+def test_without_a_cdn_the_sweep_drops_the_paths_deletions_recorded(infra: Infra, db: Engine) -> None:
+    # GIVEN a stack without a CDN (the sweep told of no distribution), and a photo deleted
+    registration = register(infra, db)
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, registration.photo_id, caller=uploads.BACKEND
+    )
+    assert len(cdn.waiting(db)) == 1
+
+    # WHEN the sweep runs
+    bootstrap.reset()
+    handlers.load("sweep").lambda_handler({"source": "aws.events"}, LambdaContext(timeout_seconds=60))
+
+    # THEN nothing is left waiting for a CDN that is not there
+    assert cdn.waiting(db) == {}
 
 
 def test_an_upload_event_for_a_deleted_photo_is_acknowledged_not_retried_until_it_pages(

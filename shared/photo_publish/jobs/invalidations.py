@@ -90,6 +90,20 @@ def request_invalidations(connection: Connection, paths: Sequence[str]) -> None:
     )
 
 
+def discard_invalidations(engine: Engine, limit: int = READ_LIMIT) -> int:
+    """Waiting paths of a deployment with no CDN (the sweep knows no distribution): nothing serves
+    them, so nothing is to invalidate. How many were dropped."""
+    with engine.begin() as connection:
+        oldest = select(cdn_invalidations.c.path).order_by(cdn_invalidations.c.requested_at).limit(limit)
+        return len(
+            connection.scalars(
+                delete(cdn_invalidations)
+                .where(cdn_invalidations.c.path.in_(oldest.scalar_subquery()))
+                .returning(cdn_invalidations.c.path)
+            ).all()
+        )
+
+
 def defer_invalidations(engine: Engine, paths: Sequence[str], seconds: float) -> None:
     """Paths whose objects S3 still holds (their deletion failed) wait for the sweep's purge."""
     with engine.begin() as connection:

@@ -367,6 +367,9 @@ class Sweeper:
         """Send the CDN paths deletions left (their own call refused, never made, or waiting for the
         purge): one call a run, since CloudFront holds at most 15 wildcard paths in progress."""
         if self._cdn is None:
+            # The template tells the sweep the distribution whenever there is one: without it there
+            # is no CDN, and what a deletion recorded (deleters record whatever they know) goes.
+            invalidations.discard_invalidations(self._engine)
             return
         sent = invalidations.send_invalidations(self._engine, self._cdn)
         summary.invalidated += sent.invalidated
