@@ -30,10 +30,13 @@ from sqlalchemy.exc import OperationalError
 from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext
 from photo_publish import bootstrap
+from photo_publish import uploads as app_uploads
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.adapters.models import OutboxEvent
+from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.outbox.contracts import (
+    PHOTO_DELETED,
     PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PhotoFailedPayload,
@@ -406,6 +409,41 @@ def test_an_entry_the_bus_keeps_refusing_waits_without_holding_back_the_others(
     # AND the next run delivers it
     assert run_relay()["published"] == 1
     assert event_ids(received(infra, bus)) == Counter({ids[0]: 1})
+
+
+def test_a_photo_deleted_while_the_relay_sends_its_event_is_not_announced_after_its_deletion(
+    infra: Infra, db: Engine, bus: stack.Subscriber
+) -> None:
+    # GIVEN a photo's waiting photo.failed event, and a bus that takes as long as the user's
+    # deletion of the photo, then refuses the entry (a throttle)
+    shot = uploads.register(db, STAGE, "a.jpg")
+    with db.begin() as c:
+        c.execute(
+            insert(OutboxEvent).values(
+                aggregate_type="photo",
+                aggregate_id=shot.photo_id,
+                event_type=PHOTO_FAILED,
+                payload={"photoId": str(shot.photo_id), "entityVersion": 1},
+            )
+        )
+    real = EventBridgeBus(bootstrap.events_client(), bus.bus_name)
+
+    class DeletedMeanwhile:
+        def put_entries(self, entries: Any) -> list[str | None]:
+            deleted = app_uploads.delete(
+                db, S3Store(infra.s3, BUCKET), infra.settings, shot.photo_id, caller=app_uploads.BACKEND
+            )
+            assert deleted
+            return ["ThrottlingException"] * len(entries)
+
+    # WHEN the relay's try is refused, and the next run sends what waits
+    Relay(db, DeletedMeanwhile(), infra.settings, attempts=1).publish_pending()
+    Relay(db, real, infra.settings).publish_pending()
+
+    # THEN the deletion is the photo's last word: its failure, refused while the deletion
+    # committed, is not told after it
+    assert [e["detail-type"] for e in received(infra, bus)] == [PHOTO_DELETED]
+    assert waiting(db) == 0
 
 
 def test_a_photos_events_reach_the_bus_in_order_whatever_failed_in_between(

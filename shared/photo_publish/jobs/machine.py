@@ -1141,8 +1141,8 @@ def delete(
     ).one_or_none()
     if gone is None:
         return None
-    # Not a row a relay is sending (leased): it reaches the bus before the photo.deleted written
-    # below, which waits behind it, as the lock a relay once held across its call made it do.
+    # Not a row a relay is sending (leased): accepted, it reaches the bus before the photo.deleted
+    # written below, which waits behind it; refused, the relay drops it, the photo being gone.
     connection.execute(
         outbox_events.delete().where(
             outbox_events.c.aggregate_id == photo_id,

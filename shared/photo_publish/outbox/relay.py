@@ -26,9 +26,10 @@ from uuid import UUID
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy import Connection, Engine, delete, exists, func, or_, select, tuple_, update
 
-from photo_publish.adapters.tables import outbox_events
+from photo_publish.adapters.tables import deleted_photos, outbox_events
 from photo_publish.budget import Remaining, forever
 from photo_publish.observability import logger
+from photo_publish.outbox.contracts import PHOTO_DELETED
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:
@@ -262,16 +263,22 @@ class Relay:
 
     def _settle(self, waiting: Sequence[Waiting], accepted: Sequence[UUID]) -> None:
         """The accepted rows published; the rest of the lease given back (refused or not tried: a
-        later pass or run takes them)."""
+        later pass or run takes them), but for a photo deleted meanwhile: its deletion kept the rows
+        this relay was sending, and what the bus did not take is not to be told after it."""
+        given_back = (
+            outbox_events.c.id.in_([w.id for w in waiting]),
+            outbox_events.c.published_at.is_(None),
+        )
         with self._engine.begin() as connection:
             _mark_published(connection, accepted)
             connection.execute(
-                update(outbox_events)
-                .where(
-                    outbox_events.c.id.in_([w.id for w in waiting]), outbox_events.c.published_at.is_(None)
+                delete(outbox_events).where(
+                    *given_back,
+                    outbox_events.c.event_type != PHOTO_DELETED,
+                    exists().where(deleted_photos.c.photo_id == outbox_events.c.aggregate_id),
                 )
-                .values(leased_until=None)
             )
+            connection.execute(update(outbox_events).where(*given_back).values(leased_until=None))
 
     def _send(self, waiting: list[Waiting], summary: RelaySummary, left: Remaining) -> _Sent:
         """PutEvents for the batch, 10 entries and 256 KB a call; only the entries that failed are
