@@ -64,12 +64,20 @@ def demo_photos() -> Iterator[tuple[str, bytes]]:
     yield "Broken upload.jpg", samples.truncated((samples.IMAGES / "Wood.jpg").read_bytes())
 
 
+# Powertools reads these as its Logger and Metrics are made, at the first import of the project's
+# observability module (which the migrations import too): set before anything runs, as Lambda does.
+POWERTOOLS = {
+    "POWERTOOLS_SERVICE_NAME": "photo-publish",
+    "POWERTOOLS_METRICS_NAMESPACE": "PhotoPublishDemo",
+    "POWERTOOLS_LOG_LEVEL": "INFO",
+}
+for _name, _value in POWERTOOLS.items():
+    os.environ.setdefault(_name, _value)
+
+
 def function_environment(settings: Settings) -> None:
     """What the template sets on the functions, set here for the handler running in-process."""
     os.environ.update(settings.environment())
-    os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "photo-publish")
-    os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "PhotoPublishDemo")
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO")
 
 
 def counts(engine: Engine) -> collections.Counter[str]:

@@ -22,9 +22,11 @@ Invariants (issue 12, from SPEC 4.1, 5 and 6), for every photo of the run:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import statistics
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +38,7 @@ from sqlalchemy import Engine, func, select
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.tables import deleted_photos
 from photo_publish.errors import ErrorCode
+from photo_publish.jobs.sweep import LETTER_VISIBILITY_SECONDS
 from photo_publish.keys import is_ladder_kind
 
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -190,7 +193,17 @@ def _keys_by_photo(inputs: Inputs, prefix: str, photo: re.Pattern[str]) -> dict[
 
 
 def dead_letter_messages(sqs: Any, url: str) -> list[dict[str, Any]]:
-    """Everything in the dead-letter queue (hidden for the rest of the check, left in the queue)."""
+    """Everything in the dead-letter queue (hidden for the rest of the check, left in the queue),
+    once what a sweep held when it was stopped is visible again (the sweep reads the queue for
+    letters of deleted photos, hiding them for LETTER_VISIBILITY_SECONDS)."""
+    deadline = time.monotonic() + LETTER_VISIBILITY_SECONDS + 15
+    while time.monotonic() < deadline:
+        hidden = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+        )["Attributes"]["ApproximateNumberOfMessagesNotVisible"]
+        if int(hidden) == 0:
+            break
+        time.sleep(1)
     messages: list[dict[str, Any]] = []
     empty = 0
     while empty < 2:
@@ -458,17 +471,34 @@ class Checker:
 
     def ready(self, photo_id: str, plan: Any, row: Any) -> None:
         published = self.published(photo_id)
-        if len(published) != 1:
-            self.violated(photo_id, "one photo.published event", f"{len(published)} events")
-        # One version bump for the publication and one for each re-render (SPEC 14).
+        # One photo.published, and one more for each new picture the user uploaded in its place
+        # once it was published (SPEC 19: the shown picture is the original's current upload);
+        # a new picture uploaded before the first publication adds none.
+        pictures = 1 + sum("a new picture" in action for _, action in plan.actions)
+        if not 1 <= len(published) <= pictures:
+            self.violated(
+                photo_id,
+                "one photo.published event a picture",
+                f"{len(published)} events, {pictures} pictures",
+            )
+        # One version bump for each publication and one for each re-render (SPEC 14).
         rerenders = [
             e for e in self.snap.events.get(photo_id, []) if e.event_type == "photo.variants_updated"
         ]
-        if row.entity_version != 2 + len(rerenders) or row.visibility != "published":
+        if row.entity_version != 1 + len(published) + len(rerenders) or row.visibility != "published":
             self.violated(
                 photo_id,
-                "entity_version 2 + re-renders, published",
-                f"{row.entity_version} after {len(rerenders)} re-renders, {row.visibility}",
+                "entity_version 1 + publications + re-renders, published",
+                f"{row.entity_version} after {len(published)} publications and {len(rerenders)} re-renders,"
+                f" {row.visibility}",
+            )
+        job = self.snap.jobs.get(photo_id)
+        current = hashlib.md5(plan.data, usedforsecurity=False).hexdigest() if plan.data else None
+        if job is not None and job.status == "done" and current and row.original_etag != current:
+            self.violated(
+                photo_id,
+                "the original's current upload shown",
+                f"published {row.original_etag}, stored {current}",
             )
         variants = self.snap.variant_rows.get(photo_id, [])
         kinds = sorted(v.kind for v in variants)
