@@ -25,15 +25,22 @@ from tests.rows import published
 upload = handlers.load("upload")
 
 
-def call(method: str, path: str, route: str, body: Any = None, **parameters: str) -> dict[str, Any]:
-    """The function's answer to a request as API Gateway hands it over (the sample's shape)."""
+def http_event(method: str, path: str, route: str, body: Any = None, **parameters: str) -> dict[str, Any]:
+    """A request as API Gateway hands it over (the sample's shape, the backend's authorizer)."""
     event = copy.deepcopy(load_event("http_api_register"))
     event["routeKey"] = event["requestContext"]["routeKey"] = f"{method} {route}"
     event["rawPath"] = event["requestContext"]["http"]["path"] = path
     event["requestContext"]["http"]["method"] = method
     event["pathParameters"] = parameters
     event["body"] = None if body is None else (body if isinstance(body, str) else json.dumps(body))
-    answer: dict[str, Any] = upload.lambda_handler(event, LambdaContext())
+    return event
+
+
+def call(method: str, path: str, route: str, body: Any = None, **parameters: str) -> dict[str, Any]:
+    """The function's answer to a request."""
+    answer: dict[str, Any] = upload.lambda_handler(
+        http_event(method, path, route, body, **parameters), LambdaContext()
+    )
     return answer
 
 
@@ -140,14 +147,9 @@ def jwt(sub: Any = None, **claims: Any) -> dict[str, Any]:
 
 
 def request(method: str, path: str, route: str, authorizer: Any, body: Any = None, **parameters: str) -> int:
-    event = copy.deepcopy(load_event("http_api_register"))
-    event["routeKey"] = event["requestContext"]["routeKey"] = f"{method} {route}"
-    event["rawPath"] = event["requestContext"]["http"]["path"] = path
-    event["requestContext"]["http"]["method"] = method
-    event["pathParameters"] = parameters
-    event["body"] = None if body is None else (body if isinstance(body, str) else json.dumps(body))
-    answer: dict[str, Any] = upload.lambda_handler(as_caller(event, authorizer), LambdaContext())
-    return int(answer["statusCode"])
+    """The status of a request made under `authorizer`."""
+    event = as_caller(http_event(method, path, route, body, **parameters), authorizer)
+    return int(upload.lambda_handler(event, LambdaContext())["statusCode"])
 
 
 def register_as(authorizer: Any, album_id: str, file_name: str = "a.jpg") -> dict[str, Any]:
@@ -272,15 +274,10 @@ def test_a_base64_body_that_is_not_base64_is_400(infra: Infra, db: Engine) -> No
 
 
 def members(method: str, authorizer: Any, album_id: str, user_id: str) -> dict[str, Any]:
-    event = copy.deepcopy(load_event("http_api_register"))
-    path = f"/albums/{album_id}/members/{user_id}"
-    event["routeKey"] = event["requestContext"]["routeKey"] = (
-        f"{method} /albums/{{albumId}}/members/{{userId}}"
+    route = "/albums/{albumId}/members/{userId}"
+    event = http_event(
+        method, f"/albums/{album_id}/members/{user_id}", route, albumId=album_id, userId=user_id
     )
-    event["rawPath"] = event["requestContext"]["http"]["path"] = path
-    event["requestContext"]["http"]["method"] = method
-    event["pathParameters"] = {"albumId": album_id, "userId": user_id}
-    event["body"] = None
     answer: dict[str, Any] = upload.lambda_handler(as_caller(event, authorizer), LambdaContext())
     return answer
 
