@@ -301,6 +301,12 @@ def test_a_migration_past_its_deadline_is_rolled_back_and_its_locks_released_bef
     assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.albums') IS NULL") is True
 
 
+def assert_nothing_of_9999_committed(fresh: Database, table: str) -> None:
+    """The database is still at the project's head, without the table the test's step made."""
+    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
+    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.{table}') IS NULL") is True
+
+
 def with_a_migration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upgrade: str) -> None:
     """The project's migrations and one more after them (9999, whose upgrade() is `upgrade`), in a
     test-only script directory the function migrates from."""
@@ -344,8 +350,7 @@ def test_a_migration_that_ignores_its_cancel_has_its_session_ended_before_failed
     assert put.body["Status"] == "FAILED" and "pg_terminate_backend" in put.body["Reason"]
     assert at_the_answer == [([], 0)]
     observer.dispose()
-    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
-    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.stubborn') IS NULL") is True
+    assert_nothing_of_9999_committed(fresh, "stubborn")
 
 
 def test_a_migration_stopped_between_two_statements_sends_no_other(
@@ -375,8 +380,7 @@ def test_a_migration_stopped_between_two_statements_sends_no_other(
     # THEN FAILED; the statement after the pause never reached the server, and nothing committed
     assert put.body["Status"] == "FAILED" and "not finished within" in put.body["Reason"]
     assert scalar_at(fresh.url, "SELECT is_called FROM public.probe") is False
-    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
-    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.paused') IS NULL") is True
+    assert_nothing_of_9999_committed(fresh, "paused")
 
 
 def test_a_migration_whose_client_goes_quiet_in_its_transaction_is_ended_by_the_server(
@@ -403,5 +407,4 @@ def test_a_migration_whose_client_goes_quiet_in_its_transaction_is_ended_by_the_
     # THEN the server ended the quiet session (its locks with it) and rolled it back: FAILED, and
     # nothing of 9999 committed
     assert put.body["Status"] == "FAILED" and "idle-in-transaction timeout" in put.body["Reason"]
-    assert scalar_at(fresh.url, f"SELECT version_num FROM {SCHEMA}.{migrate.VERSION_TABLE}") == HEAD
-    assert scalar_at(fresh.url, f"SELECT to_regclass('{SCHEMA}.quiet') IS NULL") is True
+    assert_nothing_of_9999_committed(fresh, "quiet")
