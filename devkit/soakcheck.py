@@ -418,7 +418,7 @@ class Checker:
         if row is None:
             self.violated(photo_id, "photo row", "the upload API's row is missing")
             return
-        self.job(photo_id, row)
+        self.job(photo_id, plan, row)
         if row.processing_state == "ready":
             self.ready(photo_id, plan, row)
         elif row.processing_state == "processing_failed":
@@ -457,13 +457,18 @@ class Checker:
         if later:
             self.violated(photo_id, "nothing after the deletion", f"events after photo.deleted: {later}")
 
-    def job(self, photo_id: str, row: Any) -> None:
+    def job(self, photo_id: str, plan: Any, row: Any) -> None:
         job = self.snap.jobs.get(photo_id)
         if job is None:
             self.violated(photo_id, "job row", "no job row")
             return
+        new_picture = any("a new picture" in action for _, action in plan.actions)
         if job.status in ("active", "pending"):
             self.violated(photo_id, "no open job", f"job {job.status}, attempt {job.attempt}")
+        elif row.processing_state == "ready" and job.status == "failed" and new_picture:
+            # SPEC 19: a published photo's new picture is processed as an upload; failed for good
+            # (chaos took its attempts), it pages and the photo stays on the picture before.
+            self.explained("a published photo's new picture failed for good, the photo kept its picture")
         elif (row.processing_state == "ready") != (job.status == "done"):
             self.violated(photo_id, "job matches photo", f"photo {row.processing_state}, job {job.status}")
         if job.attempt > self.inputs.max_attempts:
