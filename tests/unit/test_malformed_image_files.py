@@ -1,4 +1,5 @@
-"""The fuzzer's findings (make fuzz, devkit/fuzz.py), each kept as a regression test.
+"""Malformed image files end in a code or in variants: the inputs `make fuzz` (devkit/fuzz.py)
+found, each kept as a test.
 
 Each reproducer in tests/images/fuzz (see its README) renders through the real pipeline in a child
 process under a memory cap (tests/capped.py): a crash or a balloon costs the child, and fails the

@@ -1,6 +1,7 @@
-"""A hostile review of issue 21 (SPEC 5 as amended, SPEC 16): each test a finding, failing.
+"""The job's life under races (SPEC 5, 16): re-uploads during and after failures, retries and
+re-renders racing letters and backfills, late duplicates; each test failed first.
 
-Real parts throughout, as in test_review_findings.py: PostgreSQL, moto's server over HTTP (S3
+Real parts throughout, as in test_letters_and_reuploads_under_faults.py: PostgreSQL, moto's server over HTTP (S3
 notifications into SQS, the dead-letter queue), libvips, the real process and sweep handlers and
 the operator's commands. Interleavings are forced by hooking the real clients at the moment two
 actors overlap (never by writing the tables behind the code's back, except where a test says so).
@@ -24,7 +25,7 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.publish.repository import PhotoRepository
 from tests.conftest import BUCKET, Infra
 from tests.faults import aws_fails
-from tests.integration.test_review_findings import (
+from tests.integration.test_letters_and_reuploads_under_faults import (
     dead_letters,
     drain,
     lease_passes,

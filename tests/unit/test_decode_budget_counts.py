@@ -1,4 +1,4 @@
-"""Hostile review 24b: decoders that hold more than the header's count says (pipeline._Header).
+"""The decode budget counts what decoders hold, not what headers say (pipeline._Header).
 
 The promise under attack (SPEC 3 amended, SPEC 18, docs/formats-and-limits.md "The decode budget"):
 nothing the function admits to render holds more than its header's figure and a render's work, so
@@ -390,7 +390,7 @@ def _file(name: str, corpus: Path) -> Path:
         [
             sys.executable,
             "-c",
-            f"from tests.unit.test_hostile_24b import _make; _make({name!r}, {str(path)!r})",
+            f"from tests.unit.test_decode_budget_counts import _make; _make({name!r}, {str(path)!r})",
         ],
         check=True,
         cwd=ROOT,

@@ -1,4 +1,5 @@
-"""Regression tests for a hostile review's findings (SPEC 5, 7, 14 and 16), failing first.
+"""Dead letters and re-uploads under faults (SPEC 5, 7, 14 and 16): outages, retries, redrives and
+backfills that must never drop or falsely page a photo; each test failed first.
 
 Real parts throughout: PostgreSQL, moto's server over HTTP (S3 notifications into SQS, the
 dead-letter queue), libvips rendering small photographs, and the real process and sweep handlers,

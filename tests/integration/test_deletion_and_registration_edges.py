@@ -1,4 +1,4 @@
-"""Issue 22's hostile review, each finding reproduced on real parts (PostgreSQL, moto's server, the
+"""Deletion and registration at their edges, each case reproduced on real parts (PostgreSQL, moto's server, the
 real handlers) before its fix: a deleted photo's dead letters, its retired variants' rows, its delete
 markers; malformed registrations; the status of a photo given its attempts again; another user's
 token behind a JWT authorizer."""
