@@ -29,6 +29,7 @@ from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoF
 from photo_publish.publish.repository import PhotoRepository
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
+from tests.letters import dead_letters
 from tests.network_guard import GUARD
 from tests.polling import poll_until
 from tests.rows import job, photo, published
@@ -58,22 +59,6 @@ def failed_payloads(db: Engine, photo_id: UUID) -> list[PhotoFailedPayload]:
             .order_by(OutboxEvent.created_at)
         )
         return [PhotoFailedPayload.from_json(document) for document in documents]
-
-
-def dead_letters(infra: Infra) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    while batch := infra.sqs.receive_message(
-        QueueUrl=infra.queues.dead_letter_url,
-        MaxNumberOfMessages=10,
-        VisibilityTimeout=30,
-        MessageAttributeNames=["All"],
-    ).get("Messages", []):
-        messages.extend(batch)
-    for m in messages:  # visible again, so the operator's redrive can read them
-        infra.sqs.change_message_visibility(
-            QueueUrl=infra.queues.dead_letter_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
-        )
-    return messages
 
 
 def upload(infra: Infra, db: Engine, name: str = "LadyBird.jpg") -> uploads.Upload:

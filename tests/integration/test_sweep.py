@@ -33,6 +33,7 @@ from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
+from tests.letters import dead_letters
 from tests.rows import in_state
 
 MINUTE = timedelta(minutes=1)
@@ -481,20 +482,8 @@ def test_an_album_erasure_is_purged_over_several_runs_each_inside_its_time(infra
 
 
 def dead_letter_photos(infra: Infra) -> Counter[uuid.UUID]:
-    """The photos the dead-letter queue's visible letters name (received, then visible again)."""
-    named: Counter[uuid.UUID] = Counter()
-    url = infra.queues.dead_letter_url
-    received = []
-    while batch := infra.sqs.receive_message(
-        QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30, MessageAttributeNames=["All"]
-    ).get("Messages", []):
-        received += batch
-    for m in received:
-        named[uuid.UUID(m["MessageAttributes"]["photoId"]["StringValue"])] += 1
-        infra.sqs.change_message_visibility(
-            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
-        )
-    return named
+    """The photos the dead-letter queue's letters name."""
+    return Counter(uuid.UUID(m["MessageAttributes"]["photoId"]["StringValue"]) for m in dead_letters(infra))
 
 
 def delete(infra: Infra, db: Engine, photo_id: uuid.UUID) -> None:
