@@ -28,7 +28,7 @@ from photo_publish.keys import photo_prefixes
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 from tests.integration.test_backfill import sweep
-from tests.integration.test_failures import dead_letters
+from tests.letters import dead_letters
 from tests.polling import poll_until
 from tests.rows import job, published
 
