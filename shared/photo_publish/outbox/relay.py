@@ -271,13 +271,15 @@ class Relay:
         )
         with self._engine.begin() as connection:
             _mark_published(connection, accepted)
-            connection.execute(
+            dropped = connection.execute(
                 delete(outbox_events).where(
                     *given_back,
                     outbox_events.c.event_type != PHOTO_DELETED,
                     exists().where(deleted_photos.c.photo_id == outbox_events.c.aggregate_id),
                 )
-            )
+            ).rowcount
+            if dropped:
+                logger.info("events of photos deleted while they were sent dropped", count=dropped)
             connection.execute(update(outbox_events).where(*given_back).values(leased_until=None))
 
     def _send(self, waiting: list[Waiting], summary: RelaySummary, left: Remaining) -> _Sent:
