@@ -1073,6 +1073,7 @@ class Run:
         deploy_after = BACKFILL_AFTER_PUBLISHED * len(photos) if self.config.backfill else float("inf")
         steps: list[tuple[float, str]] = []
         by_id = {str(p.photo_id): p for p in photos}
+        operator_turns = 0
         while not self.stop_chaos.wait(0.05):
             now = time.monotonic()
             if now >= due["delete"]:
@@ -1082,10 +1083,13 @@ class Run:
                 self.database_outage(photos, parts, rng)
                 due["database_outage"] = outages.pop(0) if outages else float("inf")
             if now >= due["operator"]:
-                if rng.random() < 0.7:
+                # Redrive until one has gone through (an outage may fail it), then take turns, so
+                # that even a short run has both.
+                if operator_turns % 2 == 0 or not self.tally.operator.get("redrives"):
                     parts.operator.redrive(by_id)
                 else:
                     parts.operator.retry(by_id, rng)
+                operator_turns += 1
                 due["operator"] = now + rng.uniform(0.5, 1.5) * self.config.operator_every
             if now >= due["published"]:
                 if retrying(lambda: soakcheck.progress(parts.database.engine))["ready"] >= deploy_after:
