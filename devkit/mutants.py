@@ -79,7 +79,6 @@ class Run:
     seconds: float = 0.0
     checks: int | None = None
     examples: int | None = None
-    steps: int | None = None
 
 
 def header(text: str) -> dict[str, str]:
@@ -212,7 +211,6 @@ def run(m: Mutant, seed: int | None, seconds: float) -> Run:
         seconds=elapsed,
         checks=checks_run(text),
         examples=examples_run(text),
-        steps=failing_steps(text) if result[0] == FOUND else None,
     )
 
 
@@ -282,16 +280,9 @@ def checks_run(log: str) -> int | None:
 
 def examples_run(log: str) -> int | None:
     """Hypothesis' examples run (passing and failing, every phase), from its statistics."""
-    counts = re.findall(r"- (\d+) passing examples?, (\d+) failing examples?", log)
+    # "61 passing examples, 1 failing examples" or, in later versions, "500 passing, 0 failing, and".
+    counts = re.findall(r"- (\d+) passing(?: examples?)?, (\d+) failing", log)
     return sum(int(p) + int(f) for p, f in counts) if counts else None
-
-
-def failing_steps(log: str) -> int | None:
-    """The steps of the failing schedule as Hypothesis printed it (unshrunk under `find`)."""
-    _, mark, after = log.rpartition("Falsifying example")
-    if not mark:
-        return None
-    return len(re.findall(r"^\s*state\.(?!teardown\()\w+\(", after, flags=re.MULTILINE)) or None
 
 
 # --- the table ----------------------------------------------------------------------------------
@@ -306,8 +297,6 @@ def cell(run: Run | None) -> str:
     elif run.examples is not None:
         figures.append(f"{run.examples:,} examples")
     figures.append(f"{run.seconds:.0f} s")
-    if run.steps is not None:
-        figures.append(f"{run.steps} steps")
     if run.outcome == FOUND:
         return ", ".join(figures) + ("" if run.seed is not None else " (one run, no seed)")
     if run.outcome == NOT_FOUND:
@@ -363,6 +352,9 @@ def main(argv: list[str]) -> int:
         raise SystemExit("python -m devkit.mutants [check]")
     if argv == ["check"]:
         return check(chosen(os.environ.get("MUTANTS")))
+    # Started in the background (`&`), this process ignores SIGINT and its runs would inherit that:
+    # interrupted at the bound, they would go on until killed, their counts unsaid.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     seeds = [int(s) for s in os.environ.get("MUTANT_SEEDS", "1 2 3").replace(",", " ").split()]
     seconds = float(os.environ.get("MUTANT_SECONDS", "300"))
     mutants = chosen(os.environ.get("MUTANTS"))
