@@ -7,7 +7,7 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo gallery browser test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak fuzz fuzz-replay build clean
+.PHONY: help venv tools demo gallery browser test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak mutants fuzz fuzz-replay build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
@@ -20,6 +20,8 @@ help:
 	@echo "               (installs sharp and vipsthumbnail where missing; BENCH_ROUNDS=1 BENCH_RENDERS=200: quicker)"
 	@echo "make soak      2,000 photos under chaos (killed workers, database/S3/SQS faults) and the"
 	@echo "               state machines at scale (SOAK_SEED=<n> replays a run's schedule)"
+	@echo "make mutants   each recorded defect (tests/mutants/) put back: does its test find it? (MUTANTS=a,b"
+	@echo "               MUTANT_SEEDS=\"1 2 3\" MUTANT_SECONDS=300; about an hour for all, one run at a time)"
 	@echo "make fuzz      atheris over the pipeline's render() for FUZZ_RUNS executions (100000): figures, findings"
 	@echo "make fuzz-replay FILE=...  one input through the fuzzer's oracle, in a fresh process"
 	@echo "make build     sam build"
@@ -159,6 +161,16 @@ soak: venv
 	tests/integration/test_state_machine.py \
 	|| failed="$$failed state-machines"; \
 	test -z "$$failed" || { echo "FAILED:$$failed"; exit 1; }
+
+# Issue 32: each recorded defect (a patch under tests/mutants/) put back into a scratch copy of the
+# working tree (.local/mutants/<name>/), and the test its header names run for at most MUTANT_SECONDS
+# (300) on each of MUTANT_SEEDS ("1 2 3"), one run at a time: the machine's two cores are the run's.
+# MUTANTS=a,b runs some. A table of found / not found with the checks to the failure; make fails
+# where a defect is found on fewer than 2 seeds, or its patch is broken or no longer applies
+# (`$(BIN)/python -m devkit.mutants check` only says which apply).
+mutants: venv
+	$(BIN)/python -m devkit.mutants
+
 # The fuzzer (devkit/fuzz.py) in its own environment: atheris' wheels are for CPython 3.12 to 3.14
 # (atheris 3.1) and 3.11 to 3.13 (3.0), x86_64: the Lambda runtime's 3.12 where there is one, else
 # $(PYTHON). The seeds are written by .venv (pillow-heif makes the HEIC ones); the corpus, findings and
