@@ -22,6 +22,12 @@ of the queue (three failed attempts fail its job for good), the queue catching u
 file at once (two uploads, the second's sequencer as often shorter), and the operator's retry or
 `rerender --all` committing while a sender holds that photo's letter.
 
+Issue 32's mutants (tests/mutants, `make mutants`) added what three of them needed to be found: a
+deletion between a sender's lease of a letter and its last look (the letter must not be sent), a
+slow body's fault checked where it was met (a fixed file uploaded right after could take the failure
+back before the step's invariants ran), and the sweep's removal of deleted photos' letters checked
+after every run, not only after the teardown's (by when a redrive may have taken the letter).
+
 Sizes are Hypothesis profiles: `ci` (the default), `soak` (HYPOTHESIS_PROFILE=soak, which
 `make soak` sets: 200 examples of 50 steps over 10 photos) and `find` (mutation runs: long schedules
 until the first failure).
@@ -33,6 +39,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -66,8 +73,8 @@ from photo_publish.adapters.tables import photo_jobs
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest, from_sqs_body
 from photo_publish.image import pipeline
-from photo_publish.jobs import backfill
-from photo_publish.jobs.sweep import Sweeper
+from photo_publish.jobs import backfill, machine
+from photo_publish.jobs.sweep import LETTER_RECEIVES, Sweeper
 from photo_publish.keys import Upload, parse_original_key, photo_prefixes
 from photo_publish.outbox.contracts import (
     PHOTO_DELETED,
@@ -210,6 +217,29 @@ class Store:
         return True
 
 
+class LastLook:
+    """What happens just before a sender's last look at the letters it leased (`machine.still_owed`,
+    which the test puts behind this): set by a rule for one photo, run once, from a thread of its own
+    (another request, with no transaction of the sender's), at the look that holds that photo's letter."""
+
+    def __init__(self) -> None:
+        self.before: tuple[uuid.UUID, Callable[[], None]] | None = None
+
+    def around(self, still_owed: Callable[..., Any]) -> Callable[..., Any]:
+        def look(connection: Any, letters: Any) -> Any:
+            if self.before is not None and any(letter.photo_id == self.before[0] for letter in letters):
+                (_, act), self.before = self.before, None
+                other = threading.Thread(target=act)
+                other.start()
+                other.join()
+            return still_owed(connection, letters)
+
+        return look
+
+
+LAST_LOOK = LastLook()
+
+
 @dataclass
 class Queue:
     """Messages in flight, by photo; what reached the dead-letter queue. It also answers the few
@@ -335,6 +365,7 @@ class JobStateMachine(RuleBasedStateMachine):
             dead_letter_queue_url=self.base.dead_letter_queue_url or DEAD_LETTER_URL,
         )
         self.store, self.queue = Store(), Queue()
+        LAST_LOOK.before = None
         self.queue.on_letter = self._letter_accepted
         self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
         self.sweeper = self._sweeper(self.settings)
@@ -379,6 +410,11 @@ class JobStateMachine(RuleBasedStateMachine):
             request = PhotoRequest(shot.photo_id, parse_original_key(shot.key, STAGE), mark)
         result = self.service.process(request)
         self.store.fault = None
+        # SPEC 5, where the slow body was met: a later step in the same rule (the fixed file's upload
+        # right after) may take the failure back before the invariant below would see it.
+        assert not (fault == SLOW and result.code is ErrorCode.RENDER_TIME_EXCEEDED), (
+            "a slow S3 body failed a photo for good"
+        )
         if result.outcome is Outcome.RETRY:
             self.queue.inflight.append(shot.photo_id)  # the queue brings the record back
         return result.outcome
@@ -565,6 +601,11 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule()
     def the_sweep_runs(self) -> None:
         self.sweeper.run()
+        # SPEC 19: a run reads up to LETTER_RECEIVES batches of ten letters and removes those of
+        # deleted photos: with no more waiting, none is left once it has run (not only after the
+        # teardown's sweeps, by when a redrive may have taken it).
+        if len(self.queue.letters()) <= LETTER_RECEIVES * 10:
+            self._assert_no_letter_of_a_deleted_photo()
 
     @rule()
     def the_queue_catches_up(self) -> None:
@@ -574,7 +615,7 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule(
         index=st.integers(0, PHOTOS - 1),
         rounds=st.integers(1, 4),
-        meanwhile=st.sampled_from([None, "retry", "rerender", "delete"]),
+        meanwhile=st.sampled_from([None, "retry", "rerender", "delete", "delete before the look"]),
         answered=st.booleans(),
     )
     def the_original_cannot_be_read_for_a_while(
@@ -585,10 +626,10 @@ class JobStateMachine(RuleBasedStateMachine):
         messages arriving (the others' wait), then reads it again. Three failed attempts and its job
         (a first render's, or a backfill's re-render) fails for good and pages: final failures come
         within a few steps, and with them what an operator who saw the failures does `meanwhile`
-        (a retry of the photo, `rerender --all` resumed) while its letter is on its way (in the
-        real handler's machine, while the sweep sends it: the worker's own letters go to moto's
-        queue, not through the recording one). If `answered`, the on-call then answers the page
-        with the runbook's `redrive`."""
+        (a retry of the photo, `rerender --all` resumed, its deletion before or after the sender's
+        last look) while its letter is on its way (in the real handler's machine, while the sweep
+        sends it: the worker's own letters go to moto's queue, not through the recording one). If
+        `answered`, the on-call then answers the page with the runbook's `redrive`."""
         if meanwhile is not None:
             self.the_operator_acts_while_a_letter_is_on_its_way(index, meanwhile)
         for _ in range(rounds):
@@ -661,17 +702,23 @@ class JobStateMachine(RuleBasedStateMachine):
         for photo_id in operator.reset_failed(self.engine, [self.photos[index].photo_id]):
             self.queue.send_job(photo_id)
 
-    @rule(index=st.integers(0, PHOTOS - 1), act=st.sampled_from(["retry", "rerender", "delete"]))
+    @rule(
+        index=st.integers(0, PHOTOS - 1),
+        act=st.sampled_from(["retry", "rerender", "delete", "delete before the look"]),
+    )
     def the_operator_acts_while_a_letter_is_on_its_way(self, index: int, act: str) -> None:
         """A retry of the photo, or `rerender --all` resumed, commits while some sender (a worker,
         the sweep) holds the photo's next letter: taken back then, it would page for a photo no
         longer failed. Or its user deletes it then, past the sender's last look (SPEC 19): that
-        letter may reach the queue, and the sweep removes it."""
+        letter may reach the queue, and the sweep removes it; or before the look, once the letter
+        is the sender's: then it pages nobody."""
         photo_id = self.photos[index].photo_id
         if act == "retry":
             self.queue.during_send = (photo_id, lambda: self.an_operator_retries(index))
         elif act == "delete":
             self.queue.during_send = (photo_id, lambda: self._delete_in_send(photo_id))
+        elif act == "delete before the look":
+            LAST_LOOK.before = (photo_id, lambda: self._delete(photo_id))
         elif self.version > 1:
             self.queue.during_send = (photo_id, self.the_operator_resumes_the_backfill)
 
@@ -771,6 +818,8 @@ class JobStateMachine(RuleBasedStateMachine):
         self.deleted.add(photo_id)
         if self.queue.during_send is not None and self.queue.during_send[0] == photo_id:
             self.queue.during_send = None  # no letter of it will be sent
+        if LAST_LOOK.before is not None and LAST_LOOK.before[0] == photo_id:
+            LAST_LOOK.before = None
         if any(p.photo_id == photo_id for p in self.photos):
             self._a_new_photo_in_place_of(photo_id)
 
@@ -975,10 +1024,12 @@ class JobStateMachine(RuleBasedStateMachine):
 
 @pytest.fixture
 def skewed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The render's deadline and the original's stream on the model's clock (a slow body moves it);
-    the steps run printed at the end (a failure's report shows it)."""
+    """The render's deadline and the original's stream on the model's clock (a slow body moves it),
+    the senders' last look behind LAST_LOOK; the steps run printed at the end (a failure's report
+    shows it)."""
     monkeypatch.setattr(pipeline, "time", CLOCK)
     monkeypatch.setattr(storage, "time", CLOCK)
+    monkeypatch.setattr(machine, "still_owed", LAST_LOOK.around(machine.still_owed))
     STEPS["run"] = 0
     started = time.monotonic()
     yield
