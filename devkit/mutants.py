@@ -53,7 +53,9 @@ PYTHONPATH = "functions/process:shared:."
 BROKEN_TYPES = frozenset(
     {"ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "NameError", "Skipped"}
 )
-# What an interrupted run may take to tear down (its PostgreSQL stopped) before it is killed.
+# What an interrupted run may take to tear down (its PostgreSQL stopped) before it is killed, after
+# a second interruption SECOND_INTERRUPT_SECONDS after the first.
+SECOND_INTERRUPT_SECONDS = 15
 GRACE_SECONDS = 60
 
 FOUND, NOT_FOUND, BROKEN, NOT_APPLIED = "found", "not found", "broken", "does not apply"
@@ -222,6 +224,12 @@ def _wait(child: subprocess.Popen[bytes], seconds: float) -> bool:
         return False
     except subprocess.TimeoutExpired:
         child.send_signal(signal.SIGINT)
+        try:
+            child.wait(SECOND_INTERRUPT_SECONDS)
+        except subprocess.TimeoutExpired:
+            # A state machine's teardown runs even when interrupted (its settling rounds can take a
+            # minute on a busy machine): a second Ctrl-C ends it, and pytest's fixtures tear down.
+            child.send_signal(signal.SIGINT)
         try:
             child.wait(GRACE_SECONDS)
         except subprocess.TimeoutExpired:
