@@ -21,7 +21,7 @@ help:
 	@echo "make soak      2,000 photos under chaos (killed workers, database/S3/SQS faults) and the"
 	@echo "               state machines at scale (SOAK_SEED=<n> replays a run's schedule)"
 	@echo "make mutants   each recorded defect (tests/mutants/) put back: does its test find it? (MUTANTS=a,b"
-	@echo "               MUTANT_SEEDS=\"1 2 3\" MUTANT_SECONDS=300; about an hour for all, one run at a time)"
+	@echo "               MUTANT_SEEDS=\"1 2 3\" MUTANT_SECONDS=300 a run, one at a time: at most 2.5 hours for all)"
 	@echo "make fuzz      atheris over the pipeline's render() for FUZZ_RUNS executions (100000): figures, findings"
 	@echo "make fuzz-replay FILE=...  one input through the fuzzer's oracle, in a fresh process"
 	@echo "make build     sam build"
