@@ -30,6 +30,7 @@ from photo_publish.adapters.models import Photo
 from photo_publish.adapters.queue import SqsQueue, letter_photo
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import deleted_photos
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.jobs import machine
 from photo_publish.observability import logger
 from photo_publish.settings import STALE_AFTER_SECONDS, Settings
@@ -309,7 +310,7 @@ def _rerender(
 ) -> dict[str, Any]:
     from photo_publish.image.recipes import Recipe
     from photo_publish.jobs import backfill
-    from photo_publish.publish.repository import PhotoRepository
+    from photo_publish.publish import repository
 
     if args.stop:
         return {"stopped": backfill.stop(engine)}
@@ -320,7 +321,8 @@ def _rerender(
     if args.dry_run:
         return {"version": version} | backfill.estimate(engine, version, selection).as_dict()
     # The version is the functions' recipe, or the backfill is refused before anything is marked.
-    PhotoRepository(engine).ensure_recipe(version, Recipe.from_settings(settings))
+    with unit_of_work(engine) as connection:
+        repository.ensure_recipe(connection, version, Recipe.from_settings(settings))
     marked = backfill.mark(engine, version, selection, lease_seconds=settings.stale_after_seconds).marked
     return {"version": version, "marked": marked}
 

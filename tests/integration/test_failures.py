@@ -26,7 +26,7 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
 from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
-from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish.failures import Failures
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
 from tests.letters import dead_letters
@@ -303,9 +303,9 @@ def test_a_photo_deleted_as_its_final_failure_is_recorded_pages_nobody(
 ) -> None:
     # GIVEN S3 unreachable for reads, and the photo's user deleting it the moment its last attempt's
     # failure is committed (before the worker sends the letter)
-    record_failure, deleted = PhotoRepository.fail, threading.Event()
+    record_failure, deleted = Failures._fail, threading.Event()
 
-    def deleted_meanwhile(self: PhotoRepository, *args: Any, **kwargs: Any) -> Any:
+    def deleted_meanwhile(self: Failures, *args: Any, **kwargs: Any) -> Any:
         failed = record_failure(self, *args, **kwargs)
         if kwargs.get("final"):
             user = threading.Thread(
@@ -318,7 +318,7 @@ def test_a_photo_deleted_as_its_final_failure_is_recorded_pages_nobody(
             deleted.set()
         return failed
 
-    monkeypatch.setattr(PhotoRepository, "fail", deleted_meanwhile)
+    monkeypatch.setattr(Failures, "_fail", deleted_meanwhile)
     with aws_fails(bootstrap.s3_client(), "GetObject"):
         shot = upload(fast, db)
 

@@ -10,6 +10,7 @@ actors overlap (never by writing the tables behind the code's back, except where
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ from photo_publish import bootstrap, operator
 from photo_publish.adapters.models import PhotoJob
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
-from photo_publish.publish.repository import PhotoRepository
+from photo_publish.jobs import machine
 from tests.conftest import BUCKET, Infra
 from tests.faults import aws_fails
 from tests.integration.test_letters_and_reuploads_under_faults import (
@@ -277,16 +278,20 @@ def test_a_duplicate_delivery_racing_the_backfills_start_never_drops_the_rerende
 
     # WHEN a duplicate message for the photo (a job message, as a sweep or an API sends) is being
     # answered "already published" while the operator starts the backfill and the sweep sends it
-    real_mark_done = PhotoRepository.mark_done
+    real_settle = machine.settle_published
     raced: list[Any] = []
 
-    def backfill_meanwhile(self: PhotoRepository, photo_id: Any) -> None:
+    def backfill_meanwhile(connection: Any, photo_id: Any) -> None:
         if not raced:
-            raced.append(rerender(capsys, "--all"))
-            raced.append(sweep()["backfillSent"])
-        real_mark_done(self, photo_id)
+            # Another process's work (its calls to SQS are no waits inside this transaction).
+            operator = threading.Thread(
+                target=lambda: raced.extend([rerender(capsys, "--all"), sweep()["backfillSent"]])
+            )
+            operator.start()
+            operator.join()
+        real_settle(connection, photo_id)
 
-    monkeypatch.setattr(PhotoRepository, "mark_done", backfill_meanwhile)
+    monkeypatch.setattr(machine, "settle_published", backfill_meanwhile)
     bootstrap.queue().send_job(shot.photo_id)
     drain(infra, lambda: versions(db, [shot.photo_id]) == [(3, 2)], timeout=20)
     assert raced == [{"version": 2, "marked": 1}, 1]

@@ -26,7 +26,7 @@ from photo_publish import bootstrap, operator
 from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import from_sqs_body
-from photo_publish.publish.repository import PhotoRepository
+from photo_publish.jobs import machine
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 from tests.polling import poll_until, process
@@ -469,16 +469,16 @@ def test_a_new_upload_that_finds_the_last_attempt_lost_comes_back_while_the_loss
     infra.configure(stale_after_seconds=2)  # a held letter's lease: the record comes back after it
     shot = last_attempt_lost(db)
     # ... and the database refuses the write that settles the loss's letter, once
-    settle = PhotoRepository.dead_letter_sent
+    settle = machine.settle_letters
     calls: list[int] = []
 
-    def refused_once(self: PhotoRepository, letters: Any) -> None:
+    def refused_once(connection: Any, letters: Any) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise PhotoError(ErrorCode.DATABASE_UNAVAILABLE, "injected")
-        settle(self, letters)
+        settle(connection, letters)
 
-    monkeypatch.setattr(PhotoRepository, "dead_letter_sent", refused_once)
+    monkeypatch.setattr(machine, "settle_letters", refused_once)
 
     # WHEN the user uploads a new file; its notification comes back until the letter's lease passed
     uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))

@@ -27,9 +27,9 @@ from photo_publish.adapters.storage import OriginalReplaced, Pin, S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
-from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish import repository
 from tests.conftest import STAGE, Infra
-from tests.rows import in_state, job
+from tests.rows import committed, in_state, job
 
 process = handlers.load("process")
 
@@ -46,17 +46,17 @@ STORED_SHORT = "0055AED6DCD90281F"
 OLDER_LONGER = "0055AED6DCD90281E5"
 
 
-def photo_with_a_failed_job(db: Engine, repository: PhotoRepository, seen: Upload) -> uuid.UUID:
+def photo_with_a_failed_job(db: Engine, seen: Upload) -> uuid.UUID:
     """A photo whose job saw `seen`, then failed for good (its worker was lost)."""
     photo_id = uuid.uuid4()
     with db.begin() as connection:
         connection.execute(
             insert(Photo).values(id=photo_id, album_id=uuid.uuid4(), original_key=f"dev/originals/{photo_id}")
         )
-    repository.ensure_job(photo_id, upload=seen)
+    committed(db, repository.ensure_job, photo_id, upload=seen)
     # its attempt worked from that upload, and failed
-    assert repository.claim(photo_id, stale_after=300, max_attempts=3)
-    assert repository.fail(photo_id, 1, ErrorCode.WORKER_LOST, final=False)
+    assert committed(db, repository.claim, photo_id, stale_after=300, max_attempts=3)
+    assert committed(db, machine.fail, photo_id, 1, ErrorCode.WORKER_LOST, final=False)
     return photo_id
 
 
@@ -67,11 +67,10 @@ def recorded_etag(db: Engine, photo_id: uuid.UUID) -> str | None:
 
 def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_recorded(db: Engine) -> None:
     # GIVEN a photo failed for good after an upload with AWS's sample sequencer
-    repository = PhotoRepository(db)
-    photo_id = photo_with_a_failed_job(db, repository, Upload(STORED, "etag-first"))
+    photo_id = photo_with_a_failed_job(db, Upload(STORED, "etag-first"))
 
     # WHEN a later upload of the original arrives, its sequencer one digit shorter
-    repository.ensure_job(photo_id, upload=Upload(NEWER_SHORTER, "etag-second"))
+    committed(db, repository.ensure_job, photo_id, upload=Upload(NEWER_SHORTER, "etag-second"))
 
     # THEN the upload is new proof that the original exists: the job has its attempts again, and
     # the job records the new upload (its eTag) as the newest it has seen
@@ -87,11 +86,10 @@ def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_rec
 )
 def test_an_older_upload_arriving_late_never_reopens_a_failed_job(db: Engine, stored: str, late: str) -> None:
     # GIVEN a photo failed for good after an upload
-    repository = PhotoRepository(db)
-    photo_id = photo_with_a_failed_job(db, repository, Upload(stored, "etag-newest"))
+    photo_id = photo_with_a_failed_job(db, Upload(stored, "etag-newest"))
 
     # WHEN the event of an earlier upload of the original arrives late (S3 delivers out of order)
-    repository.ensure_job(photo_id, upload=Upload(late, "etag-earlier"))
+    committed(db, repository.ensure_job, photo_id, upload=Upload(late, "etag-earlier"))
 
     # THEN nothing is reopened and the newest upload stays the one recorded
     assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("failed", 1, "WORKER_LOST"), "etag-newest")

@@ -76,13 +76,14 @@ from photo_publish.outbox.contracts import (
     PHOTO_VARIANTS_UPDATED,
     PhotoFailedPayload,
 )
+from photo_publish.publish import repository
 from photo_publish.publish.delivery import Delivery, RetryLater
 from photo_publish.publish.outcomes import Outcome
-from photo_publish.publish.repository import PhotoRepository
 from photo_publish.publish.service import PhotoService
 from photo_publish.settings import Settings
 from tests.conftest import STAGE, TABLES, load_event
 from tests.faults import aws_fails
+from tests.rows import committed
 
 settings.register_profile(
     "ci", max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
@@ -336,7 +337,7 @@ class JobStateMachine(RuleBasedStateMachine):
         )
         self.store, self.queue = Store(), Queue()
         self.queue.on_letter = self._letter_accepted
-        self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
+        self.service = PhotoService(self.engine, self.store, self.queue, self.settings)
         self.sweeper = self._sweeper(self.settings)
         # The photos in the rules' places; a new upload takes a deleted one's place.
         self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
@@ -504,7 +505,7 @@ class JobStateMachine(RuleBasedStateMachine):
 
     def _through_an_outage(self, body: str, receives: int) -> bool:
         """True if a receive acknowledged the notification (handed it on)."""
-        down = PhotoService(PhotoRepository(UNREACHABLE), self.store, self.queue, self.settings)
+        down = PhotoService(UNREACHABLE, self.store, self.queue, self.settings)
         delivery = Delivery(down, self.queue, self.settings, NO_METRICS)
         for count in range(1, receives + 1):
             try:
@@ -540,7 +541,9 @@ class JobStateMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, PHOTOS - 1))
     def a_worker_dies_holding_the_job(self, index: int) -> None:
-        PhotoRepository(self.engine).claim(
+        committed(
+            self.engine,
+            repository.claim,
             self.photos[index].photo_id,
             stale_after=self.settings.stale_after_seconds,
             max_attempts=self.settings.max_attempts,
@@ -726,7 +729,7 @@ class JobStateMachine(RuleBasedStateMachine):
 
     def _deploy(self, settings: Settings) -> None:
         self.settings = settings
-        self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, settings)
+        self.service = PhotoService(self.engine, self.store, self.queue, settings)
         self.sweeper = self._sweeper(settings)
 
     def _sweeper(self, settings: Settings) -> Sweeper:

@@ -8,30 +8,28 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
-from functools import partial
 from typing import Protocol
 from uuid import UUID
 
+from sqlalchemy import Engine
+
 from photo_publish.adapters.storage import UNNAMED, OriginalReplaced, Pin
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.image import slots
 from photo_publish.image.pipeline import Readable, RenderAlone, RenderOptions, render
 from photo_publish.image.recipes import Recipe
+from photo_publish.jobs import machine
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
 from photo_publish.outbox.relay import HandOff
+from photo_publish.publish import repository, transaction
 from photo_publish.publish.failures import EventHandOff, Failures
 from photo_publish.publish.outcomes import Outcome, Result, Steps
-from photo_publish.publish.repository import (
-    Claimed,
-    Exhausted,
-    NotClaimable,
-    PhotoRepository,
-    PhotoRow,
-)
-from photo_publish.publish.transaction import StoredVariant
+from photo_publish.publish.repository import Claimed, Exhausted, Holding, NotClaimable, PhotoRow
+from photo_publish.publish.transaction import PublishResult, Rendition, StoredVariant
 from photo_publish.settings import Settings
 
 
@@ -122,7 +120,7 @@ class RenderGate:
 class PhotoService:
     def __init__(
         self,
-        repository: PhotoRepository,
+        engine: Engine,
         store: ObjectStore,
         queue: JobQueue,
         settings: Settings,
@@ -131,7 +129,7 @@ class PhotoService:
     ) -> None:
         """`events` hands each committed event to the bus at once; without it (no bus configured)
         the scheduled relay alone publishes them."""
-        self._repository = repository
+        self._engine = engine
         self._store = store
         self._queue = queue
         self._settings = settings
@@ -151,14 +149,15 @@ class PhotoService:
         # A record's variants are put at once: one in its own thread, the others here.
         self._puts = ThreadPoolExecutor(settings.record_concurrency, thread_name_prefix="put")
         self._recipe_checked = False
-        self._failures = Failures(repository, queue, settings, events)
+        self._failures = Failures(engine, queue, settings, events)
 
     def ensure_recipe(self) -> None:
         """Record this function's recipe for its VARIANT_VERSION, or raise RecipeMismatch if the
         version was recorded as another recipe (SPEC 14); once per container once it succeeds."""
         if not self._recipe_checked:
             settings = self._settings
-            self._repository.ensure_recipe(settings.variant_version, Recipe.from_settings(settings))
+            with unit_of_work(self._engine) as connection:
+                repository.ensure_recipe(connection, settings.variant_version, Recipe.from_settings(settings))
             self._recipe_checked = True
 
     def process(
@@ -231,13 +230,19 @@ class PhotoService:
 
     def _photo_to_render(self, request: PhotoRequest) -> PhotoRow | Result:
         """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
-        photo = self._repository.get_photo(request.photo_id, stale_after=self._settings.stale_after_seconds)
+        with unit_of_work(self._engine) as connection:
+            photo = repository.get_photo(
+                connection, request.photo_id, stale_after=self._settings.stale_after_seconds
+            )
         if photo is None:
-            if request.original is not None and not self._repository.uploaded_after_deletion(
-                request.photo_id, self._settings.purge_delay
-            ):
-                # The upload raced the API's insert of the photo row: it may exist soon.
-                raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
+            if request.original is not None:
+                with unit_of_work(self._engine) as connection:
+                    deleted = repository.uploaded_after_deletion(
+                        connection, request.photo_id, self._settings.purge_delay
+                    )
+                if not deleted:
+                    # The upload raced the API's insert of the photo row: it may exist soon.
+                    raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
             return Result(Outcome.SKIPPED, request.photo_id)
         logger.thread_safe_append_keys(photo_id=str(photo.id), album_id=str(photo.album_id))
         if request.original is not None and request.original.key != photo.original_key:
@@ -256,9 +261,19 @@ class PhotoService:
                 owed = self._failures.owed_letter(photo.id)
                 if owed.outcome is Outcome.RETRY:
                     return owed
-            self._repository.mark_done(photo.id)
+            # Nothing is owed for the published photo: its pending job is done.
+            with unit_of_work(self._engine) as connection:
+                machine.settle_published(connection, photo.id)
             return Result(Outcome.ALREADY, photo.id)
         return photo
+
+    def _ensure_job(self, photo: PhotoRow, request: PhotoRequest) -> bool:
+        """The photo's job, and the upload the request announces (`repository.ensure_job`): True if
+        the upload reopened it."""
+        with unit_of_work(self._engine) as connection:
+            return repository.ensure_job(
+                connection, photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
+            )
 
     def _new_picture(self, photo: PhotoRow, request: PhotoRequest) -> bool:
         """The event announces an upload newer than, and other than, the published picture's
@@ -266,9 +281,7 @@ class PhotoService:
         the newest, a new picture. A duplicate or an older upload's event is not."""
         if request.upload is None:
             return False
-        reopened = self._repository.ensure_job(
-            photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
-        )
+        reopened = self._ensure_job(photo, request)
         if reopened:
             logger.info("published photo's original written again: a new picture")
         return reopened
@@ -283,7 +296,8 @@ class PhotoService:
             etag=None if pin is None else pin.etag,
             version=None if pin is None else pin.version,
         )
-        self._repository.step_aside(photo.id, attempt)
+        with unit_of_work(self._engine) as connection:
+            machine.step_aside(connection, photo.id, attempt)
         return Result(Outcome.REPLACED, photo.id, attempt=attempt)
 
     def _rerender(self, photo: PhotoRow) -> bool:
@@ -294,12 +308,15 @@ class PhotoService:
 
     def _claim(self, photo: PhotoRow, request: PhotoRequest) -> Claimed | Result:
         """The attempt this delivery now owns (its fencing token), or why it owns none."""
-        self._repository.ensure_job(
-            photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
-        )
-        claim = self._repository.claim(
-            photo.id, stale_after=self._settings.stale_after_seconds, max_attempts=self._settings.max_attempts
-        )
+        settings = self._settings
+        self._ensure_job(photo, request)
+        with unit_of_work(self._engine) as connection:
+            claim = repository.claim(
+                connection,
+                photo.id,
+                stale_after=settings.stale_after_seconds,
+                max_attempts=settings.max_attempts,
+            )
         match claim:
             case Claimed():
                 return claim
@@ -366,13 +383,16 @@ class PhotoService:
             # The photo publishes all the same, without what its EXIF did not say clearly.
             logger.warning("capture metadata left empty", problem=rendered.capture_problem)
 
-        holding = self._repository.holds(photo.id, attempt, settings.variant_version, read)
+        with unit_of_work(self._engine) as connection:
+            holding = repository.holds(connection, photo.id, attempt, settings.variant_version, read)
         if holding is None:
             # Taken over: its variants are not this worker's to write.
             return Result(Outcome.SUPERSEDED, photo.id, attempt=attempt)
         if holding.commit == "nothing":
-            # The published picture is the one read, at this recipe: its objects are never rewritten.
-            self._repository.finish(photo.id, attempt)
+            # The published picture is the one read, at this recipe: its objects are never rewritten;
+            # the claimed attempt's job is done, nothing written.
+            with unit_of_work(self._engine) as connection:
+                machine.publish(connection, photo.id, attempt)
             return Result(Outcome.ALREADY, photo.id, attempt=attempt)
         self._budget(remaining, settings.commit_budget_seconds)
         stored = [
@@ -405,28 +425,16 @@ class PhotoService:
 
         self._budget(remaining, settings.commit_budget_seconds)
         stored_at = time.perf_counter()
-        # A published photo is re-rendered or given its new picture (its variants replaced), any
-        # other published.
-        commit = (
-            partial(self._repository.publish, original=read)
-            if holding.commit == "publish"
-            else partial(
-                self._repository.replace_variants,
-                retire_after=timedelta(seconds=settings.variant_grace_seconds),
-                original=read,
-                new_picture=holding.commit == "picture",
-            )
+        rendition = Rendition(
+            rendered.width,
+            rendered.height,
+            stored,
+            settings.variant_version,
+            rendered.placeholder,
+            rendered.capture,
+            original=read,
         )
-        published = commit(
-            photo.id,
-            attempt,
-            width=rendered.width,
-            height=rendered.height,
-            variants=stored,
-            variant_version=settings.variant_version,
-            placeholder=rendered.placeholder,
-            capture=rendered.capture,
-        )
+        published = self._commit(photo.id, attempt, rendition, holding)
         waited = slotted - opened
         steps = Steps(
             claim_seconds,
@@ -443,6 +451,21 @@ class PhotoService:
             variant_bytes=sum({v.key: v.size for v in stored}.values()),
             handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
         )
+
+    def _commit(self, photo_id: UUID, attempt: int, rendition: Rendition, holding: Holding) -> PublishResult:
+        """The render's one transaction: a photo's first picture published; a published photo
+        re-rendered, or given its new picture (its variants replaced)."""
+        with unit_of_work(self._engine) as connection:
+            if holding.commit == "publish":
+                return transaction.publish(connection, photo_id, attempt, rendition)
+            return transaction.replace_variants(
+                connection,
+                photo_id,
+                attempt,
+                rendition,
+                retire_after=timedelta(seconds=self._settings.variant_grace_seconds),
+                new_picture=holding.commit == "picture",
+            )
 
     def _put_variants(self, puts: Sequence[tuple[str, bytes, str]]) -> None:
         """Every variant at once; returns once each put has finished, raising the first failure (in
