@@ -46,7 +46,7 @@ def reset_failed(
     any dead letter still owed for them taken back (SPEC 5: no page for a photo that is not failed).
     One whose letter a sender holds right now is left, for a retry once it is sent (`lease_seconds`,
     STALE_AFTER_SECONDS, at most)."""
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         return machine.retry(connection, photo_ids, lease_seconds=lease_seconds)
 
 
@@ -62,7 +62,7 @@ def retry(
     unsent = set(queue.send_jobs(reset))
     if unsent:
         # Left for the sweep: a pending row without a stamp is re-sent once it is due.
-        with engine.begin() as connection:
+        with unit_of_work(engine) as connection:
             machine.unstamp(connection, list(unsent))
     return [photo_id for photo_id in reset if photo_id not in unsent]
 
@@ -113,7 +113,7 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
 
     photo_ids = list(by_photo)
     reset = set(reset_failed(engine, photo_ids, lease_seconds=settings.stale_after_seconds))
-    with engine.connect() as connection:
+    with unit_of_work(engine) as connection:
         states = dict(
             connection.execute(select(Photo.id, Photo.processing_state).where(Photo.id.in_(photo_ids))).all()
         )
@@ -282,7 +282,7 @@ def delete_photos(photo_ids: Sequence[UUID], album_id: UUID | None) -> list[UUID
 
     engine, settings = bootstrap.engine(), bootstrap.settings()
     chosen = list(photo_ids)
-    with engine.connect() as connection:
+    with unit_of_work(engine) as connection:
         if album_id is not None:
             chosen += connection.scalars(select(Photo.id).where(Photo.album_id == album_id)).all()
         found = connection.execute(select(Photo.id, Photo.album_id).where(Photo.id.in_(chosen)))

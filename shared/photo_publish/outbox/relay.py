@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy import Connection, Engine, delete, exists, func, or_, select, tuple_, update
 
 from photo_publish.adapters.tables import deleted_photos, outbox_events
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
 from photo_publish.observability import logger
 from photo_publish.outbox.contracts import PHOTO_DELETED
@@ -258,7 +259,7 @@ class Relay:
     ) -> list[Waiting]:
         """Waiting rows this relay may send, leased for longer than its calls can take (committed:
         the calls are made with no transaction open)."""
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             return _take(connection, limit, lease=self._lease_seconds, photo_id=photo_id, exclude=exclude)
 
     def _settle(self, waiting: Sequence[Waiting], accepted: Sequence[UUID]) -> None:
@@ -269,7 +270,7 @@ class Relay:
             outbox_events.c.id.in_([w.id for w in waiting]),
             outbox_events.c.published_at.is_(None),
         )
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             _mark_published(connection, accepted)
             dropped = connection.execute(
                 delete(outbox_events).where(
@@ -347,7 +348,7 @@ class Relay:
                 .limit(self._delete_batch_size)
                 .with_for_update(skip_locked=True)
             )
-            with self._engine.begin() as connection:
+            with unit_of_work(self._engine) as connection:
                 count = len(
                     connection.scalars(
                         delete(outbox_events)
@@ -362,7 +363,7 @@ class Relay:
 
     def _oldest_unpublished_seconds(self) -> float:
         """How long the oldest waiting event has waited (0 when none): the relay's alarm metric."""
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             age = connection.scalar(
                 select(func.extract("epoch", func.now() - func.min(outbox_events.c.created_at))).where(
                     outbox_events.c.published_at.is_(None)
