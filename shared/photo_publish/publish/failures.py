@@ -3,11 +3,12 @@ backoff, or final with its dead letter, which the job owes until the queue accep
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 from uuid import UUID
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.errors import ErrorCode, PhotoError
@@ -15,7 +16,7 @@ from photo_publish.jobs import machine
 from photo_publish.jobs.machine import OwedLetter
 from photo_publish.observability import logger
 from photo_publish.outbox import writer
-from photo_publish.outbox.relay import HandOff
+from photo_publish.outbox.relay import HandOff, Waiting
 from photo_publish.publish import repository
 from photo_publish.publish.outcomes import Outcome, Result
 from photo_publish.settings import Settings
@@ -28,7 +29,8 @@ class DeadLetters(Protocol):
 
 
 class EventHandOff(Protocol):
-    def hand_off(self, photo_id: UUID) -> HandOff: ...
+    def lease(self, connection: Connection, photo_id: UUID) -> list[Waiting]: ...
+    def hand_off(self, photo_id: UUID, leased: Sequence[Waiting] | None = None) -> HandOff: ...
 
 
 class Failures:

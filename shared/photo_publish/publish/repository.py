@@ -170,9 +170,11 @@ def ensure_job(
     *,
     upload: Upload | None = None,
     lease_seconds: int = STALE_AFTER_SECONDS,
+    exists: bool = False,
 ) -> bool:
-    """The photo's job, created if the photo exists; a newer upload of its original reopens a
-    failed job, and the newest upload that reached the job is remembered.
+    """The photo's job, created if the photo exists (unless the caller read it: `exists`, for a job
+    row goes only with its photo); a newer upload of its original reopens a failed job, and the
+    newest upload that reached the job is remembered.
 
     A duplicate of an event, or its redelivery after a crash, announces the same upload and
     reopens nothing (an input that crashes its worker would otherwise loop: worker lost, dead
@@ -180,7 +182,8 @@ def ensure_job(
     A published photo's done job is reopened by a newer upload that is another original than
     its picture's (SPEC 19). True if the upload reopened the job.
     """
-    machine.ensure(connection, photo_id)
+    if not exists:
+        machine.ensure(connection, photo_id)
     if upload is None:
         return False
     if machine.reopen(connection, photo_id, upload, lease_seconds=lease_seconds):
