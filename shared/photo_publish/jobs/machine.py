@@ -542,8 +542,10 @@ def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attem
 def step_aside(connection: Connection, photo_id: UUID, attempt: int) -> bool:
     """The claimed attempt gives the job back, due at once: the upload it pinned was written over
     (SPEC 19), so it is no attempt's to render. The newer write's event claims it, or the sweep's
-    message (which reads the current object). The attempt count stays: it fences workers. False if
-    fenced out."""
+    message (which reads the current object). The attempt is given back, so a form posted again and
+    again never spends the retries of the upload that is finally read: fencing still holds, since a
+    fenced write needs the job active and the next claim takes the number up again. False if fenced
+    out."""
     stepped = connection.execute(
         update(photo_jobs)
         .where(_fenced(photo_id, attempt))
@@ -556,7 +558,8 @@ def step_aside(connection: Connection, photo_id: UUID, attempt: int) -> bool:
                 enqueued_at=None,
                 dead_letter_owed_at=None,
                 failed_at=None,
-                **_keep("attempt", "last_error_code", "rerender_to"),
+                attempt=photo_jobs.c.attempt - 1,
+                **_keep("last_error_code", "rerender_to"),
             )
         )
         .returning(photo_jobs.c.photo_id)
