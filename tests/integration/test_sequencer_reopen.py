@@ -304,7 +304,7 @@ def test_an_event_whose_upload_was_written_over_loses_nothing(infra: Infra, db: 
     assert events(db, registered.photo_id)[-1] == ("photo.published", state.entity_version)
 
 
-def test_an_upload_written_over_again_and_again_keeps_every_retry_for_the_one_finally_read(db: Engine) -> None:
+def test_a_form_posted_again_and_again_spends_no_retries_of_the_upload_finally_read(db: Engine) -> None:
     # GIVEN a photo whose original is written over under each attempt, more times than it has attempts
     max_attempts = 3
     photo_id = new_photo(db)
