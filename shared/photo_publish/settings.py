@@ -8,8 +8,6 @@ from datetime import timedelta
 from types import NoneType
 from typing import Any, Self
 
-from photo_publish.image.slots import NOMINAL_RESIDENT, TEMPLATE_MEMORY_MB, DecodeBudget, TooSmall
-
 
 class InvalidSettings(ValueError):
     """Configuration the functions cannot run with; the message names each variable and its rule."""
@@ -76,6 +74,9 @@ AVIF_EFFORT = 0
 
 # A claim older than this is its dead worker's; a dead letter's sender holds it as long (SPEC 5).
 STALE_AFTER_SECONDS = 300
+
+# Lambda's memory, in its MB (MiB), at the template's default (ProcessMemorySize: one full vCPU).
+TEMPLATE_MEMORY_MB = 1769
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +156,7 @@ class Settings:
     max_input_dimension: int = field(default=32_768, metadata=_between(1))
     max_input_row_bytes: int = field(default=196_608, metadata=_between(1))
     # The function's memory in MB, which Lambda sets from MemorySize (the template's ProcessMemorySize):
-    # what a decoder may hold follows from it (decode_budget). Elsewhere, the template's default.
+    # what a decoder may hold follows from it (image/slots.py). Elsewhere, the template's default.
     aws_lambda_function_memory_size: int = field(default=TEMPLATE_MEMORY_MB, metadata=_between(128, 10240))
     render_timeout_seconds: float = field(default=30.0, metadata=_between(1))
 
@@ -251,33 +252,6 @@ class Settings:
         """When a deleted photo's objects are purged once more: after any worker that held it is
         stale (a render that raced the deletion may have put variants meanwhile)."""
         return timedelta(seconds=self.stale_after_seconds + self.record_budget_seconds)
-
-    def decode_budget(self, resident: int | None = None) -> DecodeBudget:
-        """What a render's decoder may hold, in a shared slot and alone (image/slots.py), given this
-        process's resident set (measured where it can be, else the function's as measured here).
-
-        Asked by the process function only, when it builds its service (its first batch): the other
-        functions render nothing, whatever their memory.
-        """
-        resident = NOMINAL_RESIDENT if resident is None else resident
-        memory, records, renders = (
-            self.aws_lambda_function_memory_size,
-            self.record_concurrency,
-            self.render_concurrency,
-        )
-        try:
-            return DecodeBudget.of(
-                memory_mb=memory,
-                records=records,
-                renders=renders,
-                resident=resident,
-                formats=self.variant_formats,
-            )
-        except TooSmall as error:
-            raise InvalidSettings(
-                f"AWS_LAMBDA_FUNCTION_MEMORY_SIZE ({memory}) is too small for RECORD_CONCURRENCY "
-                f"({records}) and RENDER_CONCURRENCY ({renders}): {error}"
-            ) from None
 
     def backoff_seconds(self, attempt: int) -> int:
         """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
