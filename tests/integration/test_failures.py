@@ -23,9 +23,9 @@ from photo_publish import bootstrap, operator
 from photo_publish import uploads as app_uploads
 from photo_publish.adapters.models import OutboxEvent, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import S3Store
+from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
-from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.publish.repository import PhotoRepository
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed

@@ -63,19 +63,19 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVar
 from photo_publish.adapters.queue import DeadLetterQueue
 from photo_publish.adapters.storage import OriginalReplaced, OriginalStream, S3Store
 from photo_publish.adapters.tables import photo_jobs
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.events import PhotoRequest, from_sqs_body
-from photo_publish.image import pipeline
-from photo_publish.jobs import backfill
-from photo_publish.jobs.sweep import Sweeper
-from photo_publish.keys import Upload, parse_original_key, photo_prefixes
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     PHOTO_DELETED,
     PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
     PhotoFailedPayload,
 )
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.events import PhotoRequest, from_sqs_body
+from photo_publish.image import pipeline
+from photo_publish.jobs import backfill
+from photo_publish.jobs.sweep import Sweeper
+from photo_publish.keys import Upload, parse_original_key, photo_prefixes
 from photo_publish.publish.delivery import Delivery, RetryLater
 from photo_publish.publish.outcomes import Outcome
 from photo_publish.publish.repository import PhotoRepository

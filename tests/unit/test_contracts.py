@@ -10,8 +10,7 @@ from uuid import UUID
 
 import pytest
 
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     NO_CAPTURE,
     Capture,
     InvalidPayload,
@@ -21,6 +20,7 @@ from photo_publish.outbox.contracts import (
     PublishedVariants,
     VariantRef,
 )
+from photo_publish.errors import ErrorCode, PhotoError
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")

@@ -9,8 +9,8 @@ from uuid import UUID
 
 import pytest
 
+from photo_publish.contracts import InvalidPayload, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
-from photo_publish.outbox.contracts import InvalidPayload, PhotoFailedPayload
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")

@@ -9,14 +9,14 @@ from uuid import UUID
 from sqlalchemy import Connection, insert
 
 from photo_publish.adapters.tables import outbox_events
-from photo_publish.jobs.machine import Deleted, MarkedFailed
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     PHOTO_DELETED,
     PHOTO_FAILED,
     PhotoDeletedPayload,
     PhotoFailedPayload,
     PhotoPublishedPayload,
 )
+from photo_publish.jobs.machine import Deleted, MarkedFailed
 
 
 def append_published(connection: Connection, event_type: str, payload: PhotoPublishedPayload) -> UUID:
