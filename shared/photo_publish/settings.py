@@ -8,6 +8,8 @@ from datetime import timedelta
 from types import NoneType
 from typing import Any, Self
 
+from photo_publish.retry import ContradictoryRetry, RetryPolicy
+
 
 class InvalidSettings(ValueError):
     """Configuration the functions cannot run with; the message names each variable and its rule."""
@@ -253,9 +255,10 @@ class Settings:
         stale (a render that raced the deletion may have put variants meanwhile)."""
         return timedelta(seconds=self.stale_after_seconds + self.record_budget_seconds)
 
-    def backoff_seconds(self, attempt: int) -> int:
-        """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
-        return int(self.retry_base_seconds * 2 ** max(attempt - 1, 0))
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of these numbers (retry.py): checked with the others on construction."""
+        return RetryPolicy(**{name: getattr(self, name) for name in _RETRY_NUMBERS})
 
 
 def _text(value: object) -> str:
@@ -314,6 +317,8 @@ _KINDS: dict[object, _Kind] = {
 
 
 _DEFAULTS = {spec.name: spec.default for spec in fields(Settings)}
+# The settings the retry policy is made of, named alike there.
+_RETRY_NUMBERS = ("max_attempts", "max_receive_count", "retry_base_seconds")
 
 
 def _problems(values: Mapping[str, Any]) -> list[str]:
@@ -330,12 +335,7 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
             problems.append(f"{variable} {broken}, got {value!r}")
     if not values.get("database_url") and not (values.get("db_secret_arn") and values.get("db_host")):
         problems.append("set DATABASE_URL, or DB_SECRET_ARN and DB_HOST")
-    attempts = values.get("max_attempts", _DEFAULTS["max_attempts"])
-    receives = values.get("max_receive_count", _DEFAULTS["max_receive_count"])
-    if isinstance(attempts, int) and isinstance(receives, int) and attempts > receives:
-        # The redrive would take a message before its attempts are spent: an upload whose photo row
-        # never appears would then be handed on as a job message without its key, and lost.
-        problems.append(f"MAX_ATTEMPTS ({attempts}) must not exceed MAX_RECEIVE_COUNT ({receives})")
+    problems += _retry_problems(values)
     widths = values.get("variant_widths", _DEFAULTS["variant_widths"])
     browse = values.get("browse_size", _DEFAULTS["browse_size"])
     if (
@@ -351,3 +351,15 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
     if values.get("db_sslmode", "require") != "require" and not values.get("db_sslrootcert"):
         problems.append("DB_SSLMODE verify-ca and verify-full need DB_SSLROOTCERT (the CA bundle's path)")
     return problems
+
+
+def _retry_problems(values: Mapping[str, Any]) -> list[str]:
+    """What the retry policy refuses in its numbers (retry.py), once each is an integer at all."""
+    numbers = {name: values.get(name, _DEFAULTS[name]) for name in _RETRY_NUMBERS}
+    if not all(_KINDS[int].accepts(number) for number in numbers.values()):
+        return []  # named already by its own variable's rule
+    try:
+        RetryPolicy(**numbers)
+    except ContradictoryRetry as error:
+        return [str(error)]
+    return []

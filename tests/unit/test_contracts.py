@@ -1,4 +1,4 @@
-"""The photo.published payload (SPEC 4.2, 13, 18) and the closed set of error codes (SPEC 5)."""
+"""The photo.published payload (SPEC 4.2, 13, 18)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from photo_publish.contracts import (
     PublishedVariants,
     VariantRef,
 )
-from photo_publish.errors import ErrorCode, PhotoError
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")
@@ -567,32 +566,3 @@ def test_a_consumer_refuses_a_document_that_is_no_object(changed: Any) -> None:
     # WHEN / THEN a consumer refuses it
     with pytest.raises(InvalidPayload, match=r"^payload must be an object"):
         PhotoPublishedPayload.from_json(changed)
-
-
-# Error codes (SPEC 5): the user's bad input is permanent, everything else may succeed next time.
-PERMANENT = {
-    ErrorCode.ORIGINAL_NOT_FOUND,
-    ErrorCode.ORIGINAL_TOO_LARGE,
-    ErrorCode.UNSUPPORTED_FORMAT,
-    ErrorCode.DECODE_FAILED,
-    ErrorCode.DIMENSIONS_EXCEEDED,
-    ErrorCode.ENCODE_FAILED,
-    # Past the render's own deadline: the file's fault, no attempt renders it faster.
-    ErrorCode.RENDER_TIME_EXCEEDED,
-}
-
-
-def test_the_permanent_codes_are_exactly_the_users_bad_input() -> None:
-    # GIVEN / WHEN every code is classified
-    # THEN exactly the bad-input codes are permanent
-    assert {code for code in ErrorCode if code.permanent} == PERMANENT
-
-
-@pytest.mark.parametrize("code", list(ErrorCode))
-def test_a_photo_error_is_permanent_exactly_when_its_code_is(code: ErrorCode) -> None:
-    # GIVEN a failure with a code of the closed set
-    error = PhotoError(code, "detail for the logs")
-
-    # WHEN / THEN it is classified by its code alone, as a bool
-    assert error.permanent is (code in PERMANENT)
-    assert error.code == code
