@@ -308,7 +308,7 @@ def test_what_a_render_may_hold_follows_the_process_functions_memory_which_lambd
     # THEN its default is the memory the code assumes where Lambda does not say (a render outside the
     # function, sam local's default), and the template sets no number of its own for the decoders:
     # Lambda passes the memory as AWS_LAMBDA_FUNCTION_MEMORY_SIZE, a variable it reserves
-    assert int(memory) == DEFAULTS["aws_lambda_function_memory_size"] == slots.TEMPLATE_MEMORY_MB
+    assert int(memory) == DEFAULTS["aws_lambda_function_memory_size"] == slots.DEFAULT.memory // slots.MIB
     assert "AWS_LAMBDA_FUNCTION_MEMORY_SIZE" not in variables
     assert not {name for name in variables if "DECODE" in name}
     # AND the least memory the parameter allows still holds the default renders at once

@@ -38,16 +38,16 @@ from photo_publish.adapters.tables import (
     photos,
     variant_recipes,
 )
+from photo_publish.contracts import (
+    NO_CAPTURE,
+    Capture,
+    Placeholder,
+)
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.image.recipes import Recipe, mismatch
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload
 from photo_publish.outbox import writer
-from photo_publish.outbox.contracts import (
-    NO_CAPTURE,
-    Capture,
-    Placeholder,
-)
 from photo_publish.publish import transaction
 from photo_publish.publish.transaction import PublishResult, StoredVariant
 from photo_publish.settings import STALE_AFTER_SECONDS
