@@ -16,11 +16,12 @@ minutes.
     python -m devkit.fullsize <folder>    write every case of CASES not there yet (about a minute)
 
 Making them holds 100 MP pictures (up to 1.6 GB): benchmarks and tests run this module in a child
-process, and keep its files (under .local/fullsize).
+process, and keep its files (under .local/fullsize/<what made them>).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import sys
 from collections.abc import Callable
@@ -36,7 +37,18 @@ from photo_publish.image import slots
 from photo_publish.image.pipeline import Readable, RenderAlone, RenderOptions, render
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDER = ROOT / ".local" / "fullsize"
+
+
+def _made_by() -> str:
+    """What makes the files: their makers' source and libvips' version. A change to either is a new
+    folder, so a kept corpus is never one an older maker wrote."""
+    digest = hashlib.sha256(".".join(str(pyvips.version(part)) for part in range(3)).encode())
+    for maker in (Path(__file__), Path(hostile.__file__), Path(samples.__file__)):
+        digest.update(maker.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+FOLDER = ROOT / ".local" / "fullsize" / _made_by()
 PIXELS = 100_000_000
 # Shapes of 100 MP: a 3:2 camera's, a square one's; the issue's 48 MP camera (8000 x 6000).
 WIDE, SQUARE, CAMERA_48MP = (12_500, 8_000), (10_000, 10_000), (8_000, 6_000)

@@ -63,6 +63,7 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.jobs import backfill
 from photo_publish.keys import original_key
+from photo_publish.retry import PERMANENT
 from photo_publish.settings import Settings
 
 ROOT = stack.ROOT
@@ -1120,7 +1121,7 @@ class Run:
         parts.gate.shut(seconds)
         self.tally.database["outages"] += 1
         self.say(f"database: the functions' connections cut and refused for {seconds:.0f}s")
-        codes = [code.value for code in ErrorCode if code.permanent]
+        codes = [code.value for code in ErrorCode if code in PERMANENT]
         candidates = {
             str(p.photo_id): p for p in photos if p.expected not in ("ready", "deleted") and p.deleted is None
         }
@@ -1222,7 +1223,7 @@ class Run:
             planned = waiting[photo_id]
             planned.targeted = True
             if rng.random() < 0.5:
-                seconds = parts.settings.backoff_seconds(last) + 8
+                seconds = parts.settings.retry.backoff(last) + 8
                 parts.proxy.call(
                     "outage", service="sqs", kind="error_500", seconds=seconds, operation="SendMessage(dlq)"
                 )

@@ -176,7 +176,7 @@ def fast(infra: Infra) -> Infra:
 @pytest.fixture(scope="session")
 def fullsize_corpus() -> Path:
     """devkit/fullsize.py's photos at the pixel limit, made in a child process where missing (making
-    them holds 100 MP pictures; a few minutes the first time, then kept in .local/fullsize)."""
+    them holds 100 MP pictures; a few minutes the first time, then kept under .local/fullsize, keyed by what made them)."""
     import subprocess
     import sys
 

@@ -353,7 +353,7 @@ def delete(
         deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay)
         if deleted is None:
             return False
-        writer.append_deleted(connection, deleted)
+        writer.append_deleted(connection, deleted.event)
         # Recorded whether or not this process knows the distribution (an app's own API calling the
         # library may not): the sweep, which the template tells it, sends what is left.
         path = invalidations.photo_path(settings.stage, deleted.album_id, photo_uuid)

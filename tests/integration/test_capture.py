@@ -20,15 +20,15 @@ from sqlalchemy.exc import IntegrityError
 
 from devkit import exif, samples, uploads
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
-from photo_publish.keys import photo_prefixes
-from photo_publish.observability import logger
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     NO_CAPTURE,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
     Capture,
     PhotoPublishedPayload,
 )
+from photo_publish.keys import photo_prefixes
+from photo_publish.observability import logger
 from photo_publish.publish import repository, transaction
 from photo_publish.publish.transaction import Rendition, capture_of
 from tests.conftest import BUCKET, STAGE, Infra

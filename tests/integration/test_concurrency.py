@@ -21,6 +21,7 @@ from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.publish.outcomes import Outcome, Result
 from photo_publish.publish.service import PhotoService
+from photo_publish.retry import HAND_ON_SLACK
 from photo_publish.settings import Settings
 from tests.conftest import BUCKET, STAGE, Infra
 
@@ -113,7 +114,7 @@ def test_concurrent_renders_of_taken_over_claims_let_only_the_last_claim_write_a
     # GIVEN a claim that any delivery can take over at once (stale after 0 s, attempts to spare)
     data = (samples.IMAGES / "YellowFlower.jpg").read_bytes()
     upload = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="YellowFlower.jpg", data=data)
-    settings = infra.configure(stale_after_seconds=0, max_attempts=100, max_receive_count=100)
+    settings = infra.configure(stale_after_seconds=0, max_attempts=100, max_receive_count=100 + HAND_ON_SLACK)
     render = threading.Barrier(WORKERS, timeout=60)
     puts: list[str] = []
 

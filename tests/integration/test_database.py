@@ -16,12 +16,12 @@ from devkit import stack
 from photo_publish import migrate
 from photo_publish.adapters.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import Pin
+from photo_publish.contracts import Placeholder
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.jobs.machine import OwedLetter
 from photo_publish.keys import Upload
 from photo_publish.migrate import VERSION_TABLE
-from photo_publish.outbox.contracts import Placeholder
 from photo_publish.publish import repository, transaction
 from photo_publish.publish.repository import Claimed, ClaimResult, Exhausted, Holding, NotClaimable
 from photo_publish.publish.transaction import Rendition, StoredVariant

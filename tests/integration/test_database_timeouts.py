@@ -20,6 +20,7 @@ from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.publish import repository
 from photo_publish.publish.repository import Claimed
+from photo_publish.retry import PERMANENT
 from tests.conftest import settings_for
 from tests.rows import committed, job
 
@@ -108,7 +109,7 @@ def test_a_claim_on_a_row_locked_by_another_session_gives_up_at_the_lock_timeout
     # ...with PostgreSQL's lock_not_available, which the unit of work calls DATABASE_UNAVAILABLE: a
     # transient failure, retried, never a permanent one
     assert isinstance(error, PhotoError), error
-    assert error.code is ErrorCode.DATABASE_UNAVAILABLE and not error.code.permanent
+    assert error.code is ErrorCode.DATABASE_UNAVAILABLE and error.code not in PERMANENT
     assert isinstance(error.__cause__, DBAPIError)
     assert isinstance(error.__cause__.orig, psycopg.errors.LockNotAvailable)
     # AND the job is untouched, and claimed once the lock is gone

@@ -33,14 +33,14 @@ from photo_publish import uploads as app_uploads
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.adapters.models import OutboxEvent
 from photo_publish.adapters.storage import S3Store
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     PHOTO_DELETED,
     PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PhotoFailedPayload,
     PhotoPublishedPayload,
 )
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.outbox.relay import SOURCE, EventBridgeBus, Relay
 from photo_publish.settings import InvalidSettings
 from tests.conftest import BUCKET, STAGE, Infra

@@ -78,7 +78,7 @@ def test_a_photo_over_its_slot_waits_for_the_shared_renders_then_renders_alone(
     settings = replace(
         infra.settings, record_concurrency=4, render_concurrency=2, aws_lambda_function_memory_size=MEMORY_MB
     )
-    budget = settings.decode_budget(RESIDENT)
+    budget = slots.decode_budget(settings, RESIDENT)
     assert (budget.slot // slots.MIB, budget.whole // slots.MIB) == (10, 100)
     queue = SqsQueue(infra.sqs, settings.process_queue_url, settings.dead_letter_queue_url)
     service = PhotoService(db, S3Store(infra.s3, BUCKET), queue, settings)

@@ -29,6 +29,7 @@ from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
 from photo_publish.publish import repository
 from tests.conftest import STAGE, Infra
+from tests.integration.test_database import new_photo
 from tests.rows import committed, in_state, job
 
 process = handlers.load("process")
@@ -299,6 +300,29 @@ def test_an_event_whose_upload_was_written_over_loses_nothing(infra: Infra, db: 
     assert (state.original_etag, state.original_version) == (second.etag, second.version)
     assert browse_size(infra, bucket, db, registered.photo_id)[1:] == (1920, 1280)
     assert events(db, registered.photo_id)[-1] == ("photo.published", state.entity_version)
+
+
+def test_a_form_posted_again_and_again_spends_no_retries_of_the_upload_finally_read(db: Engine) -> None:
+    # GIVEN a photo whose original is written over under each attempt, more times than it has attempts
+    max_attempts = 3
+    photo_id = new_photo(db)
+    for _ in range(max_attempts + 1):
+        with db.begin() as connection:
+            claimed = machine.claim(connection, photo_id, stale_after=300, max_attempts=max_attempts)
+            assert claimed is not None
+            assert machine.step_aside(connection, photo_id, claimed.attempt)
+
+    # WHEN the upload that is finally read is claimed, and its run fails for a while
+    with db.begin() as connection:
+        claimed = machine.claim(connection, photo_id, stale_after=300, max_attempts=max_attempts)
+
+    # THEN it is its first attempt: a replaced read spent none of the retries a transient failure
+    # gets, and the stepped-aside attempts' numbers no longer hold the job
+    assert claimed is not None and claimed.attempt == 1
+    with db.begin() as connection:
+        assert not machine.step_aside(connection, photo_id, max_attempts)
+        assert machine.release(connection, photo_id, 1, ErrorCode.STORAGE_READ_FAILED, 0)
+    assert job(db, photo_id)[:2] == ("pending", 1)
 
 
 def test_the_newer_uploads_event_arriving_first_is_published_and_the_older_one_changes_nothing(

@@ -63,23 +63,24 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVar
 from photo_publish.adapters.queue import DeadLetterQueue
 from photo_publish.adapters.storage import OriginalReplaced, OriginalStream, S3Store
 from photo_publish.adapters.tables import photo_jobs
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.events import PhotoRequest, from_sqs_body
-from photo_publish.image import pipeline
-from photo_publish.jobs import backfill
-from photo_publish.jobs.sweep import Sweeper
-from photo_publish.keys import Upload, parse_original_key, photo_prefixes
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     PHOTO_DELETED,
     PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
     PhotoFailedPayload,
 )
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.events import PhotoRequest, from_sqs_body
+from photo_publish.image import pipeline
+from photo_publish.jobs import backfill
+from photo_publish.jobs.sweep import Sweeper
+from photo_publish.keys import Upload, parse_original_key, photo_prefixes
 from photo_publish.publish import repository
 from photo_publish.publish.delivery import Delivery, RetryLater
 from photo_publish.publish.outcomes import Outcome
 from photo_publish.publish.service import PhotoService
+from photo_publish.retry import PERMANENT
 from photo_publish.settings import Settings
 from tests.conftest import STAGE, TABLES, load_event
 from tests.faults import aws_fails
@@ -914,7 +915,7 @@ class JobStateMachine(RuleBasedStateMachine):
             ).all()
         dead = self.dead_letters()
         for photo_id, code in failed:
-            assert ((photo_id, ErrorCode(code)) in dead) != ErrorCode(code).permanent
+            assert ((photo_id, ErrorCode(code)) in dead) != (ErrorCode(code) in PERMANENT)
         with self.engine.connect() as connection:
             owed = connection.scalar(select(func.count()).where(PhotoJob.dead_letter_owed_at.is_not(None)))
         assert owed == 0, "a dead letter is still owed after the sweeps"
@@ -934,7 +935,7 @@ class JobStateMachine(RuleBasedStateMachine):
                 ).all()
             letters = self.letters_waiting()
             for photo_id, status, code in behind:
-                permanent = code is not None and ErrorCode(code).permanent
+                permanent = code is not None and ErrorCode(code) in PERMANENT
                 assert status == "failed" and (permanent or (photo_id, ErrorCode(str(code))) in letters), (
                     f"a photo marked for version {self.backfilling} stays behind with its job {status}"
                     f" ({code}) and no letter waiting"

@@ -26,10 +26,10 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
+from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.jobs.sweep import Sweeper
-from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed

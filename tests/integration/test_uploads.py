@@ -25,8 +25,8 @@ from photo_publish import bootstrap, operator, uploads
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
+from photo_publish.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
 from photo_publish.keys import photo_prefixes
-from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.network_guard import GUARD

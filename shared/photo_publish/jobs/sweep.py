@@ -312,13 +312,16 @@ class Sweeper:
                 .values(purge_after=func.now() + self._lease())
                 .returning(deleted_photos.c.photo_id, deleted_photos.c.album_id)
             ).all()
-        # No transaction open: S3 may take its time. A photo not purged whole waits out its lease.
+        # No transaction open: S3 may take its time. A photo not purged whole, or not reached before
+        # the time ran out (a call can be far slower than the pace measured), waits out its lease.
         stage = self._settings.stage
-        purged = [
-            r.photo_id
-            for r in leased
-            if self._store.delete_under(photo_prefixes(stage, r.album_id, r.photo_id))
-        ]
+        purged = []
+        for row in leased:
+            if clock.left() <= 0:
+                clock.summary.out_of_time = True
+                break
+            if self._store.delete_under(photo_prefixes(stage, row.album_id, row.photo_id)):
+                purged.append(row.photo_id)
         if purged:
             with unit_of_work(self._engine) as connection:
                 connection.execute(

@@ -30,8 +30,8 @@ from sqlalchemy import Connection, Engine, delete, exists, func, or_, select, tu
 from photo_publish.adapters.tables import deleted_photos, outbox_events
 from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
+from photo_publish.contracts import PHOTO_DELETED
 from photo_publish.observability import logger
-from photo_publish.outbox.contracts import PHOTO_DELETED
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:

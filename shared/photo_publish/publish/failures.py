@@ -66,17 +66,17 @@ class Failures:
 
     def attempt_failed(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
         """Record a claimed attempt's failure: permanent, retried after its backoff, or final."""
-        logger.warning(
-            "attempt failed", error_code=error.code, detail=error.detail, permanent=error.permanent
-        )
+        retry = self._settings.retry
+        permanent = retry.permanent(error.code)
+        logger.warning("attempt failed", error_code=error.code, detail=error.detail, permanent=permanent)
         try:
-            if error.permanent:
+            if permanent:
                 if self._fail(photo_id, attempt, error.code) is None:
                     return Result(Outcome.SUPERSEDED, photo_id, error.code, attempt)
                 return Result(Outcome.FAILED, photo_id, error.code, attempt, handoff=self._hand_off(photo_id))
-            if attempt >= self._settings.max_attempts:
+            if retry.last(attempt):
                 return self.final_failure(photo_id, attempt, error)
-            backoff = self._settings.backoff_seconds(attempt)
+            backoff = retry.backoff(attempt)
             with unit_of_work(self._engine) as connection:
                 released = machine.release(connection, photo_id, attempt, error.code, backoff)
             if not released:
@@ -86,9 +86,7 @@ class Failures:
             # Nothing could be recorded: the job stays active under this attempt and is taken over
             # once stale; the message comes back after the backoff to find it so.
             logger.warning("failure not recorded", error_code=recording.code)
-            return Result(
-                Outcome.RETRY, photo_id, error.code, attempt, self._settings.backoff_seconds(attempt)
-            )
+            return Result(Outcome.RETRY, photo_id, error.code, attempt, retry.backoff(attempt))
 
     def final_failure(self, photo_id: UUID, attempt: int, error: PhotoError) -> Result:
         failed = self._fail(photo_id, attempt, error.code, final=True)
@@ -152,16 +150,12 @@ class Failures:
 
     def before_claim(self, photo_id: UUID, error: PhotoError, receive_count: int) -> Result:
         logger.warning("delivery failed before a claim", error_code=error.code, detail=error.detail)
+        retry = self._settings.retry
         if (
-            error.code is ErrorCode.PHOTO_NOT_FOUND
-            and receive_count >= self._settings.max_attempts
+            retry.gives_up_before_claim(error.code, receive_count)
             # Not accepted: the message comes back after its backoff and tries again.
             and self._queue.send_dead_letter(photo_id, receive_count, error.code, error.detail)
         ):
             return Result(Outcome.DEAD_LETTERED, photo_id, error.code, receive_count)
-        retry_in = (
-            0
-            if error.code is ErrorCode.TIME_BUDGET_EXCEEDED
-            else self._settings.backoff_seconds(receive_count)
-        )
+        retry_in = retry.before_claim_backoff(error.code, receive_count)
         return Result(Outcome.RETRY, photo_id, error.code, retry_in=retry_in)

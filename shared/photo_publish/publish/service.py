@@ -50,7 +50,7 @@ def render_options(settings: Settings, budget: slots.DecodeBudget | None = None)
         max_input_dimension=settings.max_input_dimension,
         max_input_row_bytes=settings.max_input_row_bytes,
         render_timeout_seconds=settings.render_timeout_seconds,
-    ).sharing(budget or settings.decode_budget())
+    ).sharing(budget or slots.decode_budget(settings))
 
 
 class OriginalStream(Readable, Protocol):
@@ -147,7 +147,7 @@ class PhotoService:
         self._events = events
         # What a render may hold follows the function's memory, less what this process holds now
         # (its cold start: the interpreter, libvips, the clients): a shared slot, or the whole alone.
-        budget = settings.decode_budget(slots.resident_bytes())
+        budget = slots.decode_budget(settings, slots.resident_bytes())
         logger.info(
             "decode budget", slot_bytes=budget.slot, whole_bytes=budget.whole, source=budget.describe()
         )

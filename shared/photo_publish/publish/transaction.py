@@ -18,10 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from photo_publish.adapters.storage import UNNAMED, Pin
 from photo_publish.adapters.tables import photo_variants, photos, retired_variants
-from photo_publish.jobs import machine
-from photo_publish.keys import FIXED_KINDS, VariantKind
-from photo_publish.outbox import writer
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     NO_CAPTURE,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
@@ -32,6 +29,9 @@ from photo_publish.outbox.contracts import (
     PublishedVariants,
     VariantRef,
 )
+from photo_publish.jobs import machine
+from photo_publish.keys import FIXED_KINDS, VariantKind
+from photo_publish.outbox import writer
 
 
 @dataclass(frozen=True, slots=True)
