@@ -160,14 +160,15 @@ bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 # S3 and SQS faults, duplicates; SOAK_SEED=<n> replays a schedule, SOAK_<FIELD> resizes it, logs in
 # .local/soak/), then the state machines at scale (HYPOTHESIS_PROFILE=soak: 200 examples x 50 steps
 # over 10 photos, past pytest's usual per-test timeout; its own basetemp, which other pytest sessions'
-# rotation of /tmp/pytest-of-$USER cannot delete under a running PostgreSQL). Both run; make fails at
-# the end, naming which.
+# rotation of /tmp/pytest-of-$USER cannot delete under a running PostgreSQL) and the relay's 10,000
+# photos with the bus failing (2,500 in make test). Both run; make fails at the end, naming which.
 soak: venv
 	@failed=; \
 	$(BIN)/python -m devkit.soak || failed="$$failed soak"; \
-	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q --timeout=3600 --basetemp=.local/soak/pytest \
-	tests/integration/test_state_machine.py \
-	|| failed="$$failed state-machines"; \
+	HYPOTHESIS_PROFILE=soak RELAY_PHOTOS=10000 $(BIN)/python -m pytest -q --timeout=3600 \
+	--basetemp=.local/soak/pytest tests/integration/test_state_machine.py \
+	"tests/integration/test_relay.py::test_thousands_of_photos_with_the_bus_failing_at_random_are_all_delivered_in_order" \
+	|| failed="$$failed state-machines-and-relay"; \
 	test -z "$$failed" || { echo "FAILED:$$failed"; exit 1; }
 # The fuzzer (devkit/fuzz.py) in its own environment: atheris' wheels are for CPython 3.12 to 3.14
 # (atheris 3.1) and 3.11 to 3.13 (3.0), x86_64: the Lambda runtime's 3.12 where there is one, else

@@ -21,10 +21,12 @@ process, and keep its files (under .local/fullsize/<what made them>).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -339,10 +341,26 @@ def decode_estimate(original: Readable, options: RenderOptions | None = None) ->
     raise AssertionError("render() went past a slot of -1 bytes")
 
 
+def made(folder: Path = FOLDER) -> bool:
+    return all((folder / case.name).exists() for case in CASES)
+
+
+@contextmanager
+def _one_maker(folder: Path) -> Iterator[None]:
+    """One maker at a time (test workers, a run's maker in the background): another waits for it,
+    then finds its files made."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / f"{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def write(folder: Path = FOLDER) -> list[Path]:
     """Each case's file in `folder` (made if missing), in the order of CASES."""
-    return hostile.write(folder, CASES)
+    with _one_maker(folder):
+        return hostile.write(folder, CASES)
 
 
 if __name__ == "__main__":
-    hostile.main(sys.argv[1:], CASES, "devkit.fullsize")
+    with _one_maker(Path(sys.argv[1]) if len(sys.argv) == 2 else FOLDER):
+        hostile.main(sys.argv[1:], CASES, "devkit.fullsize")
