@@ -1,11 +1,13 @@
-"""The process function's reads that decide what to do, and its claim, each inside the caller's
-unit of work (`adapters.unit_of_work`).
+"""The process function's statements that are not one transition, each run inside the caller's
+unit of work (`adapters.unit_of_work`): the reads that decide what to do (the photo; whether a claim
+still stands), the claim with the reason it was refused, the job ensured and told of an upload, an
+owed letter taken, the recipe recorded, a deleted photo's late upload.
 
 The job's and the photo's state change only through `photo_publish.jobs.machine`'s transitions:
 the photo's publication is its one conditional UPDATE (only one concurrent worker can win it), and
 every transition of a job out of `active` is conditioned on the attempt its worker claimed (the
-fencing token), so a worker whose job was taken over changes nothing. The service calls those
-transitions, and `publish.transaction`'s, itself; here is what more than one call makes.
+fencing token), so a worker whose job was taken over changes nothing. The service calls a single
+transition, and `publish.transaction`'s, itself.
 """
 
 from __future__ import annotations

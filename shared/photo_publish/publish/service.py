@@ -234,11 +234,11 @@ class PhotoService:
             photo is not None
             and not photo.worker_lost
             and (request.original is None or request.original.key == photo.original_key)
-            and not self._published_as_owed(photo)
+            and not self._owed_nothing(photo)
         )
 
-    def _published_as_owed(self, photo: PhotoRow) -> bool:
-        """Published, at this recipe or no backfill's mark, with no new picture owed."""
+    def _owed_nothing(self, photo: PhotoRow) -> bool:
+        """Published, with nothing owed: no backfill's mark below this recipe, no new picture."""
         return photo.processing_state == "ready" and not self._rerender(photo) and not photo.picture_owed
 
     def _missing(self, request: PhotoRequest) -> Result:
@@ -259,7 +259,7 @@ class PhotoService:
         if request.original is not None and request.original.key != photo.original_key:
             logger.warning("event key is not the photo's original", key=request.original.key)
             return Result(Outcome.IGNORED, photo.id)
-        if self._published_as_owed(photo) and not self._new_picture(photo, request):
+        if self._owed_nothing(photo) and not self._new_picture(photo, request):
             if request.upload is not None and photo.job_status == "failed":
                 # Its re-render failed for good and the letter may be on its way: the upload reopens
                 # the job once no sender holds it (the record comes back for that), as for any
