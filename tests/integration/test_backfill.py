@@ -19,7 +19,7 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVar
 from photo_publish.image.recipes import RecipeMismatch
 from photo_publish.jobs import backfill
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.polling import poll_until, process
+from tests.polling import poll_until, process, queue_empty, sweep
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg")
 
@@ -60,12 +60,6 @@ def rerender(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     """The operator's command, as a person runs it with the functions' environment."""
     operator.main(["rerender", *argv])
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def sweep() -> dict[str, Any]:
-    from devkit import handlers
-
-    return handlers.load("sweep").lambda_handler({"source": "aws.events"}, LambdaContext(timeout_seconds=60))  # type: ignore[no-any-return]
 
 
 def objects(infra: Infra, photo_id: UUID) -> set[str]:
@@ -219,19 +213,11 @@ def test_a_stopped_backfill_loses_nothing_and_resumes(
     # WHEN it is started again, and runs to the end
     assert rerender(capsys, "--all") == {"version": 2, "marked": 3}
     while sweep()["backfillSent"]:
-        poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == 5 or _nothing_queued(infra))
+        poll_until(infra, lambda: versions(db, photo_ids).count((3, 2)) == 5 or queue_empty(infra))
 
     # THEN every photo was re-rendered exactly once
     assert versions(db, photo_ids) == [(3, 2)] * 5
     assert sum(1 for (_, kind) in events(db).elements() if kind == "photo.variants_updated") == 5
-
-
-def _nothing_queued(infra: Infra) -> bool:
-    attributes = infra.sqs.get_queue_attributes(
-        QueueUrl=infra.queues.url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return attributes == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
 
 
 def test_a_photo_published_meanwhile_at_the_new_version_is_skipped(
@@ -247,7 +233,7 @@ def test_a_photo_published_meanwhile_at_the_new_version_is_skipped(
 
     # WHEN the sweep sends it and it is delivered
     assert sweep()["backfillSent"] == 1
-    poll_until(infra, lambda: _nothing_queued(infra))
+    poll_until(infra, lambda: queue_empty(infra))
 
     # THEN it answered `already`: nothing rendered, no event, no version bump, the mark cleared
     assert versions(db, [photo_id]) == [(2, 2)]

@@ -25,6 +25,7 @@ from photo_publish.migrate import VERSION_TABLE
 from photo_publish.publish import repository, transaction
 from photo_publish.publish.repository import Claimed, ClaimResult, Exhausted, Holding, NotClaimable
 from photo_publish.publish.transaction import Rendition, StoredVariant
+from tests.letters import owed
 from tests.rows import committed, in_state, job
 
 STALE, ATTEMPTS = 300, 3
@@ -324,7 +325,7 @@ def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_i
     assert failure is not None
     letter = OwedLetter(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, failure.failed_at)
     committed(db, machine.release_letters, [letter], lease_seconds=STALE)  # what its sender does then
-    assert owed_at(db, photo_id) is not None
+    assert owed(db, photo_id) is not None
 
     # WHEN a newer upload reopens it
     committed(
@@ -334,7 +335,7 @@ def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_i
     # THEN the letter is owed no more: the failure it spoke of was given its attempts again (else,
     # read with the job's new code, it would page for the next failure, even a permanent one: the
     # state machine found that)
-    assert owed_at(db, photo_id) is None
+    assert owed(db, photo_id) is None
     assert claim(db, photo_id) == Claimed(1)
     assert committed(db, machine.fail, photo_id, 1, ErrorCode.DECODE_FAILED, final=False)
     assert committed(db, repository.take_owed_letter, photo_id, lease_seconds=0) is None
@@ -448,11 +449,6 @@ def test_publishing_a_deleted_photo_is_skipped(db: Engine) -> None:
 # --- dead letters owed ------------------------------------------------------------------------
 
 
-def owed_at(db: Engine, photo_id: uuid.UUID) -> object:
-    with db.connect() as connection:
-        return connection.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == photo_id))
-
-
 def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> None:
     # GIVEN a job failed for good, and another failed permanently
     final, permanent = new_photo(db), new_photo(db)
@@ -465,8 +461,8 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
     assert committed(db, machine.fail, permanent, 1, ErrorCode.DECODE_FAILED, final=False) is not None
 
     # THEN only the final failure owes a dead letter, recorded with the failure itself
-    assert owed_at(db, final) is not None
-    assert owed_at(db, permanent) is None
+    assert owed(db, final) is not None
+    assert owed(db, permanent) is None
 
     # AND it is not for a second sender while its first sender may still be sending
     wait = committed(db, repository.take_owed_letter, final, lease_seconds=STALE)
@@ -481,7 +477,7 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
 
     # AND once sent, nothing is owed
     committed(db, machine.settle_letters, [taken])
-    assert owed_at(db, final) is None
+    assert owed(db, final) is None
     assert committed(db, repository.take_owed_letter, final, lease_seconds=STALE) is None
 
 
