@@ -29,7 +29,7 @@ def dead_letters(infra: Infra) -> list[dict[str, Any]]:
     return messages
 
 
-def attributes(letter: dict[str, Any]) -> dict[str, str | None]:
+def attributes(letter: dict[str, Any]) -> dict[str, Any]:
     """A letter's message attributes, by name."""
     return {k: v.get("StringValue") for k, v in letter.get("MessageAttributes", {}).items()}
 

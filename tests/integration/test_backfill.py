@@ -1,9 +1,11 @@
 """Recipes and the backfill (SPEC 14), through the real handlers, sweep and operator, on PostgreSQL and
-moto's S3 + SQS."""
+moto's S3 + SQS: a re-render that fails for good pages as a re-render, not as a failed photo (SPEC 16
+(4)), and a duplicate delivery racing the backfill's start never drops the re-render."""
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -14,12 +16,16 @@ from sqlalchemy import Engine, func, select, update
 
 from devkit import samples, stack, uploads
 from devkit.poller import LambdaContext, sqs_event
-from photo_publish import operator
+from photo_publish import bootstrap, operator
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
 from photo_publish.image.recipes import RecipeMismatch
-from photo_publish.jobs import backfill
+from photo_publish.jobs import backfill, machine
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.polling import poll_until, process, queue_empty, sweep
+from tests.faults import aws_fails
+from tests.letters import attributes, dead_letters
+from tests.originals import upload
+from tests.polling import drain, poll_until, process, queue_empty, sweep
+from tests.rows import job, photo, published
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg")
 
@@ -331,3 +337,99 @@ def test_a_rerender_that_reads_an_original_written_again_publishes_it_as_a_new_p
         )
     assert tuple(photo) == (1920, 1280)
     assert f"/{photo_id}/2-v3/browse.webp" in browse
+
+
+# --- a re-render that fails for good -------------------------------------------------------------
+
+
+def letters_in_full(infra: Infra) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """photoId -> (message attributes, body) of each dead letter, left in the queue."""
+    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for letter in dead_letters(infra):
+        named = attributes(letter)
+        found[named["photoId"]] = (named, json.loads(letter["Body"]))
+    return found
+
+
+def test_a_rerender_that_fails_for_good_pages_as_a_rerender_not_as_a_failed_photo(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SPEC 16 (4): a re-render that fails for good pages as what it is (the photo stays published
+    on its old version), never as a failed photo."""
+    # GIVEN a photo published at version 1, marked for a backfill to version 2 and sent
+    infra.configure(retry_base_seconds=1)
+    rerendered = upload(infra, db, "Aqua.jpg")
+    poll_until(infra, published(db, rerendered.photo_id))
+    infra.configure(retry_base_seconds=1, thumb_size=320, variant_version=2, backfill_spread_seconds=0)
+    assert rerender(capsys, "--all") == {"version": 2, "marked": 1}
+    assert sweep()["backfillSent"] == 1
+
+    # WHEN S3 cannot be read through the attempts: the re-render fails for good, and so does a new
+    # upload's first render
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        failed = upload(infra, db, "Wood.jpg")
+        poll_until(
+            infra,
+            lambda: job(db, rerendered.photo_id)[0] == "failed" and job(db, failed.photo_id)[0] == "failed",
+        )
+    assert (
+        photo(db, rerendered.photo_id)[0] == "ready" and photo(db, failed.photo_id)[0] == "processing_failed"
+    )
+
+    # THEN the page for the re-render tells it from the page for the failed photo
+    letters = letters_in_full(infra)
+    assert set(letters) == {str(rerendered.photo_id), str(failed.photo_id)}
+
+    def what(letter: tuple[dict[str, Any], dict[str, Any]]) -> Any:
+        attributes, body = letter
+        same = {"photoId", "attempt", "detail"}
+        return (
+            {k: v for k, v in attributes.items() if k not in same},
+            {k: v for k, v in body.items() if k not in same},
+        )
+
+    assert what(letters[str(rerendered.photo_id)]) != what(letters[str(failed.photo_id)]), (
+        f"the published photo's failed re-render pages exactly as a failed photo: {letters}"
+    )
+
+
+# --- duplicates and the backfill's start ----------------------------------------------------------
+
+
+def test_a_duplicate_delivery_racing_the_backfills_start_never_drops_the_rerender(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 14: a backfill re-renders every ready photo below the version; SPEC 16: a transition's
+    condition is its precondition (settle_published: "the photo is published and not marked")."""
+    # GIVEN a photo published at version 1, and the functions at version 2
+    infra.configure(retry_base_seconds=1)
+    shot = upload(infra, db, "Aqua.jpg")
+    poll_until(infra, published(db, shot.photo_id))
+    infra.configure(retry_base_seconds=1, thumb_size=320, variant_version=2, backfill_spread_seconds=0)
+
+    # WHEN a duplicate message for the photo (a job message, as a sweep or an API sends) is being
+    # answered "already published" while the operator starts the backfill and the sweep sends it
+    real_settle = machine.settle_published
+    raced: list[Any] = []
+
+    def backfill_meanwhile(connection: Any, photo_id: Any) -> None:
+        if not raced:
+            # Another process's work (its calls to SQS are no waits inside this transaction).
+            operator = threading.Thread(
+                target=lambda: raced.extend([rerender(capsys, "--all"), sweep()["backfillSent"]])
+            )
+            operator.start()
+            operator.join()
+        real_settle(connection, photo_id)
+
+    monkeypatch.setattr(machine, "settle_published", backfill_meanwhile)
+    bootstrap.queue().send_job(shot.photo_id)
+    drain(infra, lambda: versions(db, [shot.photo_id]) == [(3, 2)], timeout=20)
+    assert raced == [{"version": 2, "marked": 1}, 1]
+    left = sweep()["backfillLeft"]
+
+    # THEN the photo was re-rendered at version 2 (or is still marked for it)
+    assert versions(db, [shot.photo_id]) == [(3, 2)] or left == 1, (
+        f"the backfill's re-render was dropped: versions {versions(db, [shot.photo_id])},"
+        f" job {job(db, shot.photo_id)}, backfillLeft {left}"
+    )

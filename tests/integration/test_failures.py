@@ -1,7 +1,9 @@
 """Every failure path of a delivery ends in a recorded state (SPEC 5), through real parts.
 
 Faults are injected into the real clients (see tests/faults.py); the queue is moto's server, whose
-visibility timeouts and redrive policy decide when a record comes back.
+visibility timeouts and redrive policy decide when a record comes back. The operator's retry takes
+back a failure's owed letter without paging for the photo it publishes, even while the sweep is
+sending it (SPEC 16 (2)).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
 from photo_publish import uploads as app_uploads
 from photo_publish.adapters.models import OutboxEvent, PhotoJob, PhotoVariant
+from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
 from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
@@ -29,9 +32,10 @@ from photo_publish.keys import original_key
 from photo_publish.publish.failures import Failures
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
-from tests.letters import dead_letters
+from tests.letters import dead_letters, lease_passes, letter_codes, owed
 from tests.network_guard import GUARD
-from tests.polling import poll_until
+from tests.originals import upload as upload_small
+from tests.polling import drain, poll_until, sweep
 from tests.rows import job, photo, published
 
 process = handlers.load("process")
@@ -408,6 +412,48 @@ def test_an_operator_retry_of_chosen_photos_sends_one_message_each(fast: Infra, 
     assert sorted(sent) == sorted(s.photo_id for s in failed)
     poll_until(fast, lambda: all(photo(db, s.photo_id)[0] == "ready" for s in failed))
     assert [events(db, s.photo_id) for s in failed] == [1, 1]
+
+
+def test_a_retry_while_the_sweep_sends_an_owed_letter_never_pages_for_the_published_photo(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 5 (paging, as amended) and SPEC 16 (2): a retry takes back any letter still owed; the
+    dead-letter queue holds a letter only for a photo that is failed."""
+    # GIVEN a final failure whose dead letter the queue refused: owed, and past its lease
+    infra.configure(retry_base_seconds=1)
+    with aws_fails(bootstrap.s3_client(), "GetObject"), aws_fails(bootstrap.sqs_client(), "SendMessage"):
+        shot = upload_small(infra, db, "LadyBird.jpg")
+        poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert owed(db, shot.photo_id) is not None and letter_codes(infra) == []
+    lease_passes(db)
+
+    # WHEN the sweep leases the owed letter, and the operator retries the photo before the sweep's
+    # SendMessage reaches the dead-letter queue (the operator's command and the scheduled sweep run
+    # independently)
+    real_send = SqsQueue.send_dead_letter
+    retried: list[Any] = []
+
+    def operator_first(self: SqsQueue, *args: Any, **kwargs: Any) -> bool:
+        if not retried:
+            retried.append(operator.retry(bootstrap.engine(), bootstrap.queue(), [shot.photo_id]))
+        return real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqsQueue, "send_dead_letter", operator_first)
+    sweep()
+    monkeypatch.setattr(SqsQueue, "send_dead_letter", real_send)
+
+    # THEN the retry left the photo whose letter was in flight (a letter taken back then would page
+    # for a photo no longer failed): the letter was sent while the photo was failed, and settled
+    assert retried == [[]]
+    assert [code for _, code in letter_codes(infra)] == ["STORAGE_READ_FAILED"]
+    assert owed(db, shot.photo_id) is None and photo(db, shot.photo_id)[0] == "processing_failed"
+
+    # WHEN the operator retries again, the letter sent, THEN the photo publishes and pages no more
+    assert operator.retry(bootstrap.engine(), bootstrap.queue(), [shot.photo_id]) == [shot.photo_id]
+    drain(infra, published(db, shot.photo_id), timeout=20)
+    assert photo(db, shot.photo_id)[0] == "ready"
+    summary = sweep()
+    assert len(letter_codes(infra)) == 1, f"a published photo paged again (sweep {summary})"
 
 
 def test_a_message_whose_receives_run_out_before_its_attempts_is_handed_on_not_dead_lettered(
