@@ -8,8 +8,9 @@ arrive in, its read pinned to the upload its event names.
 
 Through the real process handler, on moto's S3 and SQS (SPEC 5, 16): the newest upload of a photo
 is processed whatever became of the attempts before it (one failing as the upload lands, a failure
-for good, the same file uploaded again onto a row as migration 0008 left it), and a late duplicate
-of an older upload's event reopens nothing.
+for good, the same file uploaded again onto a row as migration 0008 left it, a last attempt lost
+with its worker, that loss's letter held), and a late duplicate of an older upload's event reopens
+nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -31,7 +33,7 @@ from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import OriginalReplaced, Pin, S3Store
-from photo_publish.errors import ErrorCode
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
 from photo_publish.publish import repository
@@ -40,7 +42,7 @@ from tests.faults import aws_fails
 from tests.integration.test_database import new_photo
 from tests.letters import letter_codes
 from tests.originals import small, upload
-from tests.polling import drain, poll_until
+from tests.polling import drain, poll_until, queued
 from tests.rows import committed, in_state, job, photo, published
 
 process = handlers.load("process")
@@ -575,3 +577,64 @@ def test_a_late_duplicate_of_an_older_uploads_event_never_reopens_the_failed_job
 
     # THEN nothing was reopened: no third attempt at the photo, no third photo.failed event
     assert failures() == 2, f"an older upload's event reopened the failed job: job {job(db, shot.photo_id)}"
+
+
+def last_attempt_lost(db: Engine) -> uploads.Upload:
+    """A registered photo whose three attempts died with their workers, the last one's claim stale."""
+    shot = uploads.register(db, STAGE, "Garden.jpg")
+    an_hour_ago = func.now() - timedelta(hours=1)
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(
+                in_state(status="active", attempt=3, claimed_at=an_hour_ago, attempt_started_at=an_hour_ago)
+            )
+        )
+    return shot
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_processed(
+    infra: Infra, db: Engine
+) -> None:
+    """The state machine (issue 21's find runs): a new upload's record reached a job whose third
+    attempt lay with a dead worker; the lost attempts were paged as WORKER_LOST and the photo failed
+    for good, the user's new file never processed (the attempts lost were not this upload's)."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    shot = last_attempt_lost(db)
+
+    # WHEN the user uploads a new file, and its notification reaches the process function
+    uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the loss was paged, and the new upload was processed: the photo is published
+    assert (shot.photo_id, "WORKER_LOST") in letter_codes(infra)
+    assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}"
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_comes_back_while_the_losss_letter_is_held(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, when the reopen is refused because the loss's letter is held (sent, but the write
+    that settles it failed): the record was acknowledged and the new file never processed."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    infra.configure(stale_after_seconds=2)  # a held letter's lease: the record comes back after it
+    shot = last_attempt_lost(db)
+    # ... and the database refuses the write that settles the loss's letter, once
+    settle = machine.settle_letters
+    calls: list[int] = []
+
+    def refused_once(connection: Any, letters: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise PhotoError(ErrorCode.DATABASE_UNAVAILABLE, "injected")
+        settle(connection, letters)
+
+    monkeypatch.setattr(machine, "settle_letters", refused_once)
+
+    # WHEN the user uploads a new file; its notification comes back until the letter's lease passed
+    uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the new upload was processed
+    assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}, queued {queued(infra)}"
