@@ -8,11 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from devkit import stack
+from devkit.stack import ROOT
 from photo_publish import migrate
 from photo_publish.adapters.models import Base, OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import Pin
@@ -25,6 +27,7 @@ from photo_publish.migrate import VERSION_TABLE
 from photo_publish.publish import repository, transaction
 from photo_publish.publish.repository import Claimed, ClaimResult, Exhausted, Holding, NotClaimable
 from photo_publish.publish.transaction import Rendition, StoredVariant
+from tests.letters import owed
 from tests.rows import committed, in_state, job
 
 STALE, ATTEMPTS = 300, 3
@@ -128,6 +131,72 @@ def test_the_albums_migration_gives_an_album_the_backend_used_to_no_user(engine:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
     assert owners == {backends: None, users: "alice"}
+
+
+def test_migration_0008_upgrades_rows_in_the_states_the_code_before_it_left(engine: Engine) -> None:
+    """SPEC 4: migrations run on an existing database. (Held: kept as evidence.)"""
+    name = f"pre0008_{uuid.uuid4().hex[:8]}"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = engine.url.set(database=name)
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%"))
+    command.upgrade(config, "0007")
+    old = create_engine(url)
+    ids = [uuid.uuid4() for _ in range(7)]
+    with old.begin() as c:
+        for i, (state, visibility, code) in enumerate(
+            [
+                ("ready", "published", None),
+                ("uploaded", "unpublished", None),
+                ("ready", "published", None),
+                ("processing_failed", "unpublished", None),
+                ("uploaded", "unpublished", "DECODE_FAILED"),
+                ("processing_failed", "unpublished", "STORAGE_READ_FAILED"),
+                ("processing_failed", "unpublished", "WORKER_LOST"),
+            ]
+        ):
+            c.execute(
+                text(
+                    "INSERT INTO photos (id, album_id, original_key, processing_state, visibility, error_code,"
+                    " published_at) VALUES (:id, :a, :k, :s, :v, :e, CASE WHEN :v = 'published' THEN now() END)"
+                ),
+                {
+                    "id": ids[i],
+                    "a": uuid.uuid4(),
+                    "k": f"k/{ids[i]}",
+                    "s": state,
+                    "v": visibility,
+                    "e": code,
+                },
+            )
+        rows = [
+            # a failed re-render's owed letter, its code nulled by a resumed backfill (finding 2)
+            "(:p0, 'failed', 3, NULL, NULL, NULL, NULL, now(), now(), NULL, NULL)",
+            # an active job the old code left without a claim time
+            "(:p1, 'active', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+            # a done job with every column of its earlier states left over
+            "(:p2, 'done', 3, now(), now(), now(), 'WORKER_LOST', now(), now(), NULL, 2)",
+            "(:p3, 'failed', 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+            "(:p4, 'pending', 0, now(), now(), now(), 'DECODE_FAILED', now(), now(), NULL, NULL)",
+            "(:p5, 'failed', 3, NULL, now(), NULL, 'STORAGE_READ_FAILED', NULL, now(),"
+            " '0000000000000000000000000062E99A88DC407460', NULL)",
+            "(:p6, 'active', 3, NULL, NULL, now(), NULL, NULL, NULL, NULL, NULL)",
+        ]
+        for i, row in enumerate(rows):
+            c.execute(
+                text(
+                    "INSERT INTO photo_jobs (photo_id, status, attempt, next_retry_at, claimed_at, enqueued_at,"
+                    f" last_error_code, dead_letter_owed_at, failed_at, upload_sequencer, rerender_to) VALUES {row}"
+                ),
+                {f"p{i}": ids[i]},
+            )
+    old.dispose()
+    try:
+        command.upgrade(config, "head")
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 def test_an_upload_api_needs_to_write_only_the_ids_and_the_key(db: Engine) -> None:
@@ -324,7 +393,7 @@ def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_i
     assert failure is not None
     letter = OwedLetter(photo_id, 1, ErrorCode.STORAGE_READ_FAILED, failure.failed_at)
     committed(db, machine.release_letters, [letter], lease_seconds=STALE)  # what its sender does then
-    assert owed_at(db, photo_id) is not None
+    assert owed(db, photo_id) is not None
 
     # WHEN a newer upload reopens it
     committed(
@@ -334,7 +403,7 @@ def test_a_new_upload_that_reopens_a_failed_job_owes_no_letter_for_the_failure_i
     # THEN the letter is owed no more: the failure it spoke of was given its attempts again (else,
     # read with the job's new code, it would page for the next failure, even a permanent one: the
     # state machine found that)
-    assert owed_at(db, photo_id) is None
+    assert owed(db, photo_id) is None
     assert claim(db, photo_id) == Claimed(1)
     assert committed(db, machine.fail, photo_id, 1, ErrorCode.DECODE_FAILED, final=False)
     assert committed(db, repository.take_owed_letter, photo_id, lease_seconds=0) is None
@@ -448,11 +517,6 @@ def test_publishing_a_deleted_photo_is_skipped(db: Engine) -> None:
 # --- dead letters owed ------------------------------------------------------------------------
 
 
-def owed_at(db: Engine, photo_id: uuid.UUID) -> object:
-    with db.connect() as connection:
-        return connection.scalar(select(PhotoJob.dead_letter_owed_at).where(PhotoJob.photo_id == photo_id))
-
-
 def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> None:
     # GIVEN a job failed for good, and another failed permanently
     final, permanent = new_photo(db), new_photo(db)
@@ -465,8 +529,8 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
     assert committed(db, machine.fail, permanent, 1, ErrorCode.DECODE_FAILED, final=False) is not None
 
     # THEN only the final failure owes a dead letter, recorded with the failure itself
-    assert owed_at(db, final) is not None
-    assert owed_at(db, permanent) is None
+    assert owed(db, final) is not None
+    assert owed(db, permanent) is None
 
     # AND it is not for a second sender while its first sender may still be sending
     wait = committed(db, repository.take_owed_letter, final, lease_seconds=STALE)
@@ -481,7 +545,7 @@ def test_a_final_failure_owes_its_dead_letter_until_it_is_sent(db: Engine) -> No
 
     # AND once sent, nothing is owed
     committed(db, machine.settle_letters, [taken])
-    assert owed_at(db, final) is None
+    assert owed(db, final) is None
     assert committed(db, repository.take_owed_letter, final, lease_seconds=STALE) is None
 
 

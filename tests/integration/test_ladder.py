@@ -16,8 +16,8 @@ from photo_publish.adapters.models import OutboxEvent, PhotoVariant, RetiredVari
 from photo_publish.contracts import PhotoPublishedPayload
 from photo_publish.image import ladder
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.integration.test_backfill import objects, rerender, sweep, versions
-from tests.polling import poll_until
+from tests.integration.test_backfill import objects, rerender, versions
+from tests.polling import poll_until, sweep
 from tests.readers import metadata_in
 
 BOTH = ("webp", "avif")

@@ -959,6 +959,21 @@ def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) 
     assert "Condition" not in listing
 
 
+def test_the_roles_that_list_the_bucket_list_only_a_photos_prefixes() -> None:
+    """Issue 22 item 4, least privilege: the upload and sweep functions list the bucket only to find
+    a deleted photo's objects, so their s3:ListBucket is held to the originals' and variants' keys
+    (the process function's, for a missing original's 404, has no prefix to hold it to)."""
+    resources = yaml.load(Path("template.yaml").read_text(), Loader=CfnLoader)["Resources"]
+    listing = {}
+    for name in ("UploadRole", "SweepRole"):
+        for policy in resources[name]["Properties"]["Policies"]:
+            for statement in policy["PolicyDocument"]["Statement"]:
+                if isinstance(statement, dict) and statement.get("Action") == "s3:ListBucket":
+                    listing[name] = statement.get("Condition", {}).get("StringLike", {}).get("s3:prefix")
+    assert set(listing) == {"UploadRole", "SweepRole"}
+    assert all(prefixes is not None and len(prefixes) == 2 for prefixes in listing.values()), listing
+
+
 @pytest.mark.parametrize("subnets", ["", "subnet-1,subnet-2"])
 @pytest.mark.parametrize(
     ("role", "group"),
