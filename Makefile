@@ -7,12 +7,13 @@ export PYTHONPATH := functions/process:shared:.
 # libvips under glibc fragments memory in long-lived processes; Lambda gets the same setting.
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: help venv tools demo gallery browser test unit integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak mutants fuzz fuzz-replay build clean
+.PHONY: help venv tools demo gallery browser test unit template integration e2e test-postgres15 test-localstack test-aws-local lint typecheck migrate bench soak mutants fuzz fuzz-replay build clean
 
 help:
 	@echo "make demo      the local flow end to end: upload photos, publish them, write a report"
 	@echo "make gallery   the gallery page on loopback: pick photos in a browser, watch them publish"
-	@echo "make test      lint, types and every test (embedded PostgreSQL, moto's server)"
+	@echo "make test      lint, types and every test (embedded PostgreSQL, moto's server), a worker a core"
+	@echo "               (TEST_WORKERS=0: in one process; make unit / template / integration / e2e: one part)"
 	@echo "make test-localstack  the S3/SQS tests against a real LocalStack on the host (Python 3.13)"
 	@echo "make test-aws-local   sam local invoke in Lambda containers, sam deploy into LocalStack (Docker, root)"
 	@echo "make migrate   apply the migrations to DATABASE_URL"
@@ -76,22 +77,31 @@ endef
 browser:
 	@$(call APT_INSTALL,test -x /usr/bin/chromium && test -x /usr/bin/chromedriver,chromium chromium-driver,MISSING chromium)
 
+# Test workers: one a core (each starts its own PostgreSQL database and moto server); TEST_WORKERS=0
+# runs the tests in this one process. Tests are handed to whichever worker is free (worksteal), so a
+# long one never holds a queue of short ones behind it.
+TEST_WORKERS ?= auto
+PARALLEL = -n $(TEST_WORKERS) --dist worksteal
+
 # Not the tests that need Docker (marker aws_local: make test-aws-local).
 test: lint typecheck tools browser
-	$(BIN)/python -m pytest -q --ignore=tests/localstack -m "not aws_local"
+	$(BIN)/python -m pytest -q $(PARALLEL) --ignore=tests/localstack -m "not aws_local"
 
 unit: venv
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q $(PARALLEL) tests/unit
+
+template: venv tools
+	$(BIN)/python -m pytest -q $(PARALLEL) tests/template
 
 integration: venv tools
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q $(PARALLEL) tests/integration
 
 e2e: venv browser
 	$(BIN)/python -m pytest -q tests/e2e_local
 
 # The database tests again, against the PostgreSQL 15 server these machines run (Aurora runs 15/16).
 test-postgres15: venv tools
-	DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres $(BIN)/python -m pytest -q tests/integration
+	DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres $(BIN)/python -m pytest -q $(PARALLEL) tests/integration
 
 # The publish path, retries, the dead-letter queue and the operator's redrive against a real
 # LocalStack (S3 + SQS) started on the host without Docker; scripts/localstack builds its Python 3.13
@@ -152,14 +162,15 @@ bench: venv $(BENCH_NODE)/node_modules/sharp/package.json $(BENCH312)/.installed
 # S3 and SQS faults, duplicates; SOAK_SEED=<n> replays a schedule, SOAK_<FIELD> resizes it, logs in
 # .local/soak/), then the state machines at scale (HYPOTHESIS_PROFILE=soak: 200 examples x 50 steps
 # over 10 photos, past pytest's usual per-test timeout; its own basetemp, which other pytest sessions'
-# rotation of /tmp/pytest-of-$USER cannot delete under a running PostgreSQL). Both run; make fails at
-# the end, naming which.
+# rotation of /tmp/pytest-of-$USER cannot delete under a running PostgreSQL) and the relay's 10,000
+# photos with the bus failing (2,500 in make test). Both run; make fails at the end, naming which.
 soak: venv
 	@failed=; \
 	$(BIN)/python -m devkit.soak || failed="$$failed soak"; \
-	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q --timeout=3600 --basetemp=.local/soak/pytest \
-	tests/integration/test_state_machine.py \
-	|| failed="$$failed state-machines"; \
+	HYPOTHESIS_PROFILE=soak RELAY_PHOTOS=10000 $(BIN)/python -m pytest -q --timeout=3600 \
+	--basetemp=.local/soak/pytest tests/integration/test_state_machine.py \
+	"tests/integration/test_relay.py::test_thousands_of_photos_with_the_bus_failing_at_random_are_all_delivered_in_order" \
+	|| failed="$$failed state-machines-and-relay"; \
 	test -z "$$failed" || { echo "FAILED:$$failed"; exit 1; }
 
 # Issue 32: each recorded defect (a patch under tests/mutants/) put back into a scratch copy of the

@@ -5,9 +5,10 @@ process of its own on loopback (so that its Python does not share this one's int
 with a bus of the stack's shape and no rule (moto's targets cost more than the relay itself):
 
 1. Commit to bus, with the hand-off. HANDOFF_PHOTOS photos, two workers at a time (the process
-   function's RECORD_CONCURRENCY), each running the publish transaction (PhotoRepository.publish,
-   the real one) and then Relay.hand_off as the service does. Latency: from publish() returning
-   (the commit) to PutEvents returning with the event accepted. Target: p99 under 1 s.
+   function's RECORD_CONCURRENCY), each running the publish transaction (`transaction.publish`,
+   the real one, its event leased in it) and then Relay.hand_off as the service does. Latency:
+   from publish() returning (the commit) to PutEvents returning with the event accepted. Target:
+   p99 under 1 s.
 2. Commit to bus, through the relay alone (no hand-off, as when the bus refused it): photos
    committed at COMMIT_RATE a second for WINDOW seconds while the relay runs every SCHEDULE
    seconds (the template's rate(1 minute)), then once more. Same latency. It is the schedule's
@@ -49,9 +50,11 @@ from sqlalchemy import Engine, event, text
 from benchmarks.delivery import moto_process
 from devkit import stack, uploads
 from photo_publish.adapters.database import create_database_engine
-from photo_publish.outbox.relay import EventBridgeBus, Relay
-from photo_publish.publish.repository import PhotoRepository
-from photo_publish.publish.transaction import StoredVariant
+from photo_publish.adapters.unit_of_work import unit_of_work
+from photo_publish.outbox.contracts import Placeholder
+from photo_publish.outbox.relay import EventBridgeBus, Relay, Waiting
+from photo_publish.publish import repository, transaction
+from photo_publish.publish.transaction import Rendition, StoredVariant
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:
@@ -72,6 +75,7 @@ HANDOFF_TARGET = 1.0
 TARGET_RATIO = 1.5
 RESULTS = stack.ROOT / ".local" / "bench-results"
 BUS = "photo-publish-bench"
+PLACEHOLDER = Placeholder("1QcSHQRnh493V4dIh4eXh1h4kJUI", "#7d6a4f")
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -119,29 +123,33 @@ def variants(photo_id: UUID) -> list[StoredVariant]:
     ]
 
 
-def commit_one(engine: Engine, repository: PhotoRepository, settings: Settings) -> tuple[UUID, float]:
-    """A photo registered, claimed and published (the real transaction); its commit time."""
+def commit_one(
+    engine: Engine, settings: Settings, handoff: Relay | None = None
+) -> tuple[UUID, float, list[Waiting] | None]:
+    """A photo registered, claimed and published (the real transaction, its event leased in it for
+    `handoff` as the service leases it); its commit time."""
     shot = uploads.register(engine, settings.stage, "IMG.jpg")
-    repository.claim(shot.photo_id, stale_after=300, max_attempts=3)
-    result = repository.publish(
-        shot.photo_id, 1, width=4032, height=3024, variants=variants(shot.photo_id), variant_version=1
-    )
+    with unit_of_work(engine) as connection:
+        repository.claim(connection, shot.photo_id, stale_after=300, max_attempts=3)
+    rendition = Rendition(4032, 3024, variants(shot.photo_id), 1, PLACEHOLDER)
+    with unit_of_work(engine) as connection:
+        result = transaction.publish(connection, shot.photo_id, 1, rendition)
+        leased = None if handoff is None else handoff.lease(connection, shot.photo_id)
     assert result.outcome == "published", result
-    return shot.photo_id, time.monotonic()
+    return shot.photo_id, time.monotonic(), leased
 
 
 def handoff_latency(engine: Engine, settings: Settings) -> dict[str, Any]:
     bus = TimedBus(EventBridgeBus(bench_client(settings.event_handoff_timeout_seconds), BUS))
     relay = Relay(engine, bus, settings)
-    repository = PhotoRepository(engine)
     committed: dict[str, float] = {}
     failed: list[UUID] = []
 
     def worker(count: int) -> None:
         for _ in range(count):
-            photo_id, at = commit_one(engine, repository, settings)
+            photo_id, at, leased = commit_one(engine, settings, relay)
             committed[str(photo_id)] = at
-            if relay.hand_off(photo_id).failed:
+            if relay.hand_off(photo_id, leased).failed:
                 failed.append(photo_id)
 
     with ThreadPoolExecutor(WORKERS) as pool:
@@ -158,7 +166,6 @@ def handoff_latency(engine: Engine, settings: Settings) -> dict[str, Any]:
 def relay_latency(engine: Engine, settings: Settings) -> dict[str, Any]:
     bus = TimedBus(EventBridgeBus(bench_client(10), BUS))
     relay = Relay(engine, bus, settings)
-    repository = PhotoRepository(engine)
     committed: dict[str, float] = {}
     runs: list[float] = []
     stop = threading.Event()
@@ -174,7 +181,7 @@ def relay_latency(engine: Engine, settings: Settings) -> dict[str, Any]:
     schedule.start()
     started = time.monotonic()
     while time.monotonic() - started < WINDOW:
-        photo_id, at = commit_one(engine, repository, settings)
+        photo_id, at, _ = commit_one(engine, settings)
         committed[str(photo_id)] = at
         time.sleep(max(0.0, started + len(committed) / COMMIT_RATE - time.monotonic()))
     # The rest goes at the next scheduled run.

@@ -142,7 +142,7 @@ def install(chaos: Chaos) -> None:
     from photo_publish.adapters import storage
     from photo_publish.publish import repository, service
 
-    repository.PhotoRepository.claim = _before_claim(chaos, repository.PhotoRepository.claim)  # type: ignore[method-assign]
+    repository.claim = _before_claim(chaos, repository.claim)  # type: ignore[assignment]
     service.render = _while_rendering(chaos, service.render)  # type: ignore[attr-defined]
     storage.S3Store.put_variant = _between_puts(chaos, storage.S3Store.put_variant)  # type: ignore[method-assign]
     _inside_commit(chaos)
@@ -150,11 +150,11 @@ def install(chaos: Chaos) -> None:
 
 
 def _before_claim(chaos: Chaos, claim: Callable[..., Any]) -> Callable[..., Any]:
-    def chaotic_claim(self: Any, photo_id: Any, **kwargs: Any) -> Any:
+    def chaotic_claim(connection: Any, photo_id: Any, **kwargs: Any) -> Any:
         chaos.working_on(str(photo_id))
         if chaos.arrive("before_claim"):
             chaos.kill("before_claim", str(photo_id))
-        return claim(self, photo_id, **kwargs)
+        return claim(connection, photo_id, **kwargs)
 
     return chaotic_claim
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from photo_publish.outbox.contracts import Capture, Location
+from photo_publish.contracts import Capture, Location
 
 # TIFF field types.
 BYTE, ASCII, SHORT, LONG, RATIONAL, UNDEFINED, SSHORT, SLONG, SRATIONAL, DOUBLE = (

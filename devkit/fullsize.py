@@ -16,14 +16,17 @@ minutes.
     python -m devkit.fullsize <folder>    write every case of CASES not there yet (about a minute)
 
 Making them holds 100 MP pictures (up to 1.6 GB): benchmarks and tests run this module in a child
-process, and keep its files (under .local/fullsize).
+process, and keep its files (under .local/fullsize/<what made them>).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,18 @@ from photo_publish.image import slots
 from photo_publish.image.pipeline import Readable, RenderAlone, RenderOptions, render
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDER = ROOT / ".local" / "fullsize"
+
+
+def _made_by() -> str:
+    """What makes the files: their makers' source and libvips' version. A change to either is a new
+    folder, so a kept corpus is never one an older maker wrote."""
+    digest = hashlib.sha256(".".join(str(pyvips.version(part)) for part in range(3)).encode())
+    for maker in (Path(__file__), Path(hostile.__file__), Path(samples.__file__)):
+        digest.update(maker.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+FOLDER = ROOT / ".local" / "fullsize" / _made_by()
 PIXELS = 100_000_000
 # Shapes of 100 MP: a 3:2 camera's, a square one's; the issue's 48 MP camera (8000 x 6000).
 WIDE, SQUARE, CAMERA_48MP = (12_500, 8_000), (10_000, 10_000), (8_000, 6_000)
@@ -327,10 +341,26 @@ def decode_estimate(original: Readable, options: RenderOptions | None = None) ->
     raise AssertionError("render() went past a slot of -1 bytes")
 
 
+def made(folder: Path = FOLDER) -> bool:
+    return all((folder / case.name).exists() for case in CASES)
+
+
+@contextmanager
+def _one_maker(folder: Path) -> Iterator[None]:
+    """One maker at a time (test workers, a run's maker in the background): another waits for it,
+    then finds its files made."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / f"{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def write(folder: Path = FOLDER) -> list[Path]:
     """Each case's file in `folder` (made if missing), in the order of CASES."""
-    return hostile.write(folder, CASES)
+    with _one_maker(folder):
+        return hostile.write(folder, CASES)
 
 
 if __name__ == "__main__":
-    hostile.main(sys.argv[1:], CASES, "devkit.fullsize")
+    with _one_maker(Path(sys.argv[1]) if len(sys.argv) == 2 else FOLDER):
+        hostile.main(sys.argv[1:], CASES, "devkit.fullsize")

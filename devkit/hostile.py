@@ -19,6 +19,7 @@ build their bombs from the same writers, and a fuzzer or a soak test can.
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import zlib
@@ -901,7 +902,8 @@ def write(folder: Path, cases: Sequence[Made] = CASES) -> list[Path]:
     for case in cases:
         path = folder / case.name
         if not path.exists():
-            partial = path.with_name(path.name + ".part")
+            # Its own partial file: two test workers may make the same case at once.
+            partial = path.with_name(f"{path.name}.{os.getpid()}.part")
             partial.write_bytes(case.make())
             partial.rename(path)
         paths.append(path)

@@ -60,9 +60,10 @@ from photo_publish import uploads as photo_uploads
 from photo_publish.adapters.database import sqlalchemy_url
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
-from photo_publish.errors import ErrorCode
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.jobs import backfill
 from photo_publish.keys import original_key
+from photo_publish.retry import PERMANENT
 from photo_publish.settings import Settings
 
 ROOT = stack.ROOT
@@ -251,13 +252,23 @@ def free_port() -> int:
         return port
 
 
+# A database fault as the harness meets it: the driver's error (its own SQL), or the functions'
+# DATABASE_UNAVAILABLE (the PhotoError their unit of work raises for a database it cannot reach).
+DATABASE_FAULTS = (DBAPIError, PhotoError)
+
+
+def fault(error: Exception) -> str:
+    """A fault's name in the tally."""
+    return error.code.value if isinstance(error, PhotoError) else type(error).__name__
+
+
 def retrying(action: Callable[[], T], *, seconds: float = 60) -> T:
     """The harness's own calls outlive the faults it injects (a PostgreSQL restart, a terminated session)."""
     deadline = time.monotonic() + seconds
     while True:
         try:
             return action()
-        except DBAPIError:
+        except DATABASE_FAULTS:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
@@ -689,8 +700,8 @@ class Operator:
         client = _Recording(self.sqs, self.settings.dead_letter_queue_url)
         try:
             summary = operator.redrive(self.engine, client, self.settings)
-        except (DBAPIError, ClientError) as error:
-            self.tally.operator[f"redrive failed: {type(error).__name__}"] += 1
+        except (*DATABASE_FAULTS, ClientError) as error:
+            self.tally.operator[f"redrive failed: {fault(error)}"] += 1
             return
         finally:
             client.release()
@@ -714,8 +725,8 @@ class Operator:
             chosen = rng.sample(sorted(failed), min(3, len(failed)))
             queue = SqsQueue(self.sqs, self.settings.process_queue_url, self.settings.dead_letter_queue_url)
             sent = operator.retry(self.engine, queue, chosen, lease_seconds=self.settings.stale_after_seconds)
-        except (DBAPIError, ClientError) as error:
-            self.tally.operator[f"retry failed: {type(error).__name__}"] += 1
+        except (*DATABASE_FAULTS, ClientError) as error:
+            self.tally.operator[f"retry failed: {fault(error)}"] += 1
             return
         self.tally.operator["retries"] += 1
         self.tally.operator["photos retried"] += len(sent)
@@ -1110,7 +1121,7 @@ class Run:
         parts.gate.shut(seconds)
         self.tally.database["outages"] += 1
         self.say(f"database: the functions' connections cut and refused for {seconds:.0f}s")
-        codes = [code.value for code in ErrorCode if code.permanent]
+        codes = [code.value for code in ErrorCode if code in PERMANENT]
         candidates = {
             str(p.photo_id): p for p in photos if p.expected not in ("ready", "deleted") and p.deleted is None
         }
@@ -1175,8 +1186,8 @@ class Run:
                 planned.photo_id,
                 caller=photo_uploads.BACKEND,
             )
-        except (DBAPIError, OSError) as error:
-            planned.did(f"deletion failed, tried again: {type(error).__name__}")
+        except (*DATABASE_FAULTS, OSError) as error:
+            planned.did(f"deletion failed, tried again: {fault(error)}")
             return
         # (Not found: an earlier try committed, and its answer was lost with the connection.)
         planned.deleted = time.time()
@@ -1212,7 +1223,7 @@ class Run:
             planned = waiting[photo_id]
             planned.targeted = True
             if rng.random() < 0.5:
-                seconds = parts.settings.backoff_seconds(last) + 8
+                seconds = parts.settings.retry.backoff(last) + 8
                 parts.proxy.call(
                     "outage", service="sqs", kind="error_500", seconds=seconds, operation="SendMessage(dlq)"
                 )

@@ -40,6 +40,7 @@ from photo_publish.adapters.tables import deleted_photos
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs.sweep import LETTER_VISIBILITY_SECONDS
 from photo_publish.keys import is_ladder_kind
+from photo_publish.retry import PERMANENT
 
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VARIANT_PHOTO = re.compile(r"/variants/([0-9a-f-]{36})/")
@@ -543,7 +544,7 @@ class Checker:
             return
         if self.published(photo_id) or row.entity_version != 1:
             self.violated(photo_id, "no event for a failed photo", f"entity_version {row.entity_version}")
-        final = not ErrorCode(code).permanent
+        final = ErrorCode(code) not in PERMANENT
         job = self.snap.jobs.get(photo_id)
         if final and not self.snap.letters.get(photo_id):
             attempt = job.attempt if job else "?"
@@ -592,7 +593,7 @@ class Checker:
             for attempt, code, invocation, at in self.logs.failures.get(photo_id, [])
             if attempt >= self.inputs.max_attempts
             and code in ErrorCode.__members__
-            and not ErrorCode(code).permanent
+            and ErrorCode(code) not in PERMANENT
             and (photo_id, invocation) not in self.logs.unrecorded
         )
         sent = [float(letter.get("sent", 0)) for letter in self.snap.letters.get(photo_id, [])]
@@ -630,7 +631,7 @@ class Checker:
             return
         if photo_id in self.chaos_killed or photo_id in self.rendering_killed:
             self.explained("variants of an unpublished photo: an attempt stored them, then was killed")
-        elif row.error_code and not ErrorCode(row.error_code).permanent:
+        elif row.error_code and ErrorCode(row.error_code) not in PERMANENT:
             self.explained("variants of an unpublished photo: an attempt stored them, then failed")
         else:
             self.violated(
@@ -651,7 +652,7 @@ class Checker:
         if (
             row is not None
             and row.processing_state == "processing_failed"
-            and not ErrorCode(row.error_code).permanent
+            and ErrorCode(row.error_code) not in PERMANENT
         ):
             self.explained("redriven after runs that never finished, photo failed for good")
             return

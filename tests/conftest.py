@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -173,21 +175,63 @@ def fast(infra: Infra) -> Infra:
     return infra
 
 
-@pytest.fixture(scope="session")
-def fullsize_corpus() -> Path:
-    """devkit/fullsize.py's photos at the pixel limit, made in a child process where missing (making
-    them holds 100 MP pictures; a few minutes the first time, then kept in .local/fullsize)."""
-    import subprocess
-    import sys
+# --- the full-size corpus: made once, while the other tests run ----------------------------------
 
+FULLSIZE_TESTS = (
+    "tests/unit/test_fullsize.py",
+    "tests/unit/test_decode_budget_counts.py",
+    "tests/integration/test_large_photos.py",
+)
+# The first test to need the corpus may wait for its making (minutes on a fresh clone).
+FULLSIZE_TIMEOUT = 1200
+_FULLSIZE_MAKER = pytest.StashKey[subprocess.Popen[bytes]]()
+
+
+def _make_fullsize(**options: Any) -> subprocess.Popen[bytes]:
+    """devkit/fullsize.py in a child process (making the photos holds 100 MP pictures)."""
     from benchmarks import child
     from devkit import fullsize
 
-    subprocess.run(
-        [sys.executable, "-m", "devkit.fullsize", str(fullsize.FOLDER)],
-        check=True,
-        cwd=stack.ROOT,
-        env=child.env(),
-        stdout=subprocess.DEVNULL,
-    )
+    command = [sys.executable, "-m", "devkit.fullsize", str(fullsize.FOLDER)]
+    return subprocess.Popen(command, cwd=stack.ROOT, env=child.env(), stdout=subprocess.DEVNULL, **options)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's first process (xdist's controller, or the only one) starts making the corpus where
+    it is missing and a test of this run may need it: it is made while the other tests run, and
+    the tests that read it run last."""
+    from devkit import fullsize
+
+    if hasattr(config, "workerinput") or fullsize.made():
+        return
+    root = stack.ROOT.resolve()
+    asked = [(root / arg.split("::")[0]).resolve() for arg in config.args]
+    if any(
+        path == user or path in user.parents for path in asked for user in map(root.joinpath, FULLSIZE_TESTS)
+    ):
+        config.stash[_FULLSIZE_MAKER] = _make_fullsize(start_new_session=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    maker = config.stash.get(_FULLSIZE_MAKER, None)
+    if maker is not None and maker.poll() is None:
+        maker.terminate()  # a run that ended early: its partial files are never taken for made ones
+        maker.wait()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reads_corpus = [item for item in items if "fullsize_corpus" in getattr(item, "fixturenames", ())]
+    for item in reads_corpus:
+        item.add_marker(pytest.mark.timeout(FULLSIZE_TIMEOUT))
+    later = set(map(id, reads_corpus))
+    items[:] = [item for item in items if id(item) not in later] + reads_corpus
+
+
+@pytest.fixture(scope="session")
+def fullsize_corpus() -> Path:
+    """devkit/fullsize.py's photos at the pixel limit: kept under .local/fullsize, keyed by what made
+    them; made here where missing, after waiting for a maker already at work."""
+    from devkit import fullsize
+
+    assert _make_fullsize().wait() == 0, "devkit.fullsize could not make the corpus"
     return fullsize.FOLDER

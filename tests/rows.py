@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Connection, Engine, create_engine, func, select, text
 
 from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.adapters.unit_of_work import unit_of_work
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def committed(
+    db: Engine, statements: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """`statements` (a transition, a query) run in a unit of work of their own, and committed."""
+    with unit_of_work(db) as connection:
+        return statements(connection, *args, **kwargs)
 
 
 def photo(db: Engine, photo_id: UUID) -> tuple[str, str | None, int]:

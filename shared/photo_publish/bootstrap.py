@@ -184,12 +184,11 @@ def queue() -> SqsQueue:
 def delivery(metrics: Metrics) -> Delivery:
     from photo_publish.adapters.storage import S3Store
     from photo_publish.publish.delivery import Delivery
-    from photo_publish.publish.repository import PhotoRepository
     from photo_publish.publish.service import PhotoService
 
     config = settings()
     service = PhotoService(
-        PhotoRepository(engine()),
+        engine(),
         S3Store(s3_client(), config.photo_bucket),
         queue(),
         config,

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 
 class ErrorCode(StrEnum):
+    # Which codes are permanent, and what becomes of the others, is the retry policy's (retry.py).
     # The user's bad input: retrying cannot help.
     ORIGINAL_NOT_FOUND = "ORIGINAL_NOT_FOUND"
     ORIGINAL_TOO_LARGE = "ORIGINAL_TOO_LARGE"
@@ -25,23 +26,6 @@ class ErrorCode(StrEnum):
     # Final by definition: a worker died holding the job's last attempt.
     WORKER_LOST = "WORKER_LOST"
 
-    @property
-    def permanent(self) -> bool:
-        return self in _PERMANENT
-
-
-_PERMANENT = frozenset(
-    {
-        ErrorCode.ORIGINAL_NOT_FOUND,
-        ErrorCode.ORIGINAL_TOO_LARGE,
-        ErrorCode.UNSUPPORTED_FORMAT,
-        ErrorCode.DECODE_FAILED,
-        ErrorCode.DIMENSIONS_EXCEEDED,
-        ErrorCode.ENCODE_FAILED,
-        ErrorCode.RENDER_TIME_EXCEEDED,
-    }
-)
-
 
 class PhotoError(Exception):
     """A failure with a code from the closed set; `detail` is for logs, never for decisions."""
@@ -50,7 +34,3 @@ class PhotoError(Exception):
         super().__init__(f"{code}: {detail}" if detail else str(code))
         self.code = code
         self.detail = detail
-
-    @property
-    def permanent(self) -> bool:
-        return self.code.permanent

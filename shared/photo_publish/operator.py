@@ -30,6 +30,7 @@ from photo_publish.adapters.models import Photo
 from photo_publish.adapters.queue import SqsQueue, letter_photo
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import deleted_photos
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.jobs import machine
 from photo_publish.observability import logger
 from photo_publish.settings import STALE_AFTER_SECONDS, Settings
@@ -45,7 +46,7 @@ def reset_failed(
     any dead letter still owed for them taken back (SPEC 5: no page for a photo that is not failed).
     One whose letter a sender holds right now is left, for a retry once it is sent (`lease_seconds`,
     STALE_AFTER_SECONDS, at most)."""
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         return machine.retry(connection, photo_ids, lease_seconds=lease_seconds)
 
 
@@ -61,7 +62,7 @@ def retry(
     unsent = set(queue.send_jobs(reset))
     if unsent:
         # Left for the sweep: a pending row without a stamp is re-sent once it is due.
-        with engine.begin() as connection:
+        with unit_of_work(engine) as connection:
             machine.unstamp(connection, list(unsent))
     return [photo_id for photo_id in reset if photo_id not in unsent]
 
@@ -112,7 +113,7 @@ def redrive(engine: Engine, sqs: SQSClient, settings: Settings, *, move_task: bo
 
     photo_ids = list(by_photo)
     reset = set(reset_failed(engine, photo_ids, lease_seconds=settings.stale_after_seconds))
-    with engine.connect() as connection:
+    with unit_of_work(engine) as connection:
         states = dict(
             connection.execute(select(Photo.id, Photo.processing_state).where(Photo.id.in_(photo_ids))).all()
         )
@@ -281,7 +282,7 @@ def delete_photos(photo_ids: Sequence[UUID], album_id: UUID | None) -> list[UUID
 
     engine, settings = bootstrap.engine(), bootstrap.settings()
     chosen = list(photo_ids)
-    with engine.connect() as connection:
+    with unit_of_work(engine) as connection:
         if album_id is not None:
             chosen += connection.scalars(select(Photo.id).where(Photo.album_id == album_id)).all()
         found = connection.execute(select(Photo.id, Photo.album_id).where(Photo.id.in_(chosen)))
@@ -309,7 +310,7 @@ def _rerender(
 ) -> dict[str, Any]:
     from photo_publish.image.recipes import Recipe
     from photo_publish.jobs import backfill
-    from photo_publish.publish.repository import PhotoRepository
+    from photo_publish.publish import repository
 
     if args.stop:
         return {"stopped": backfill.stop(engine)}
@@ -320,7 +321,8 @@ def _rerender(
     if args.dry_run:
         return {"version": version} | backfill.estimate(engine, version, selection).as_dict()
     # The version is the functions' recipe, or the backfill is refused before anything is marked.
-    PhotoRepository(engine).ensure_recipe(version, Recipe.from_settings(settings))
+    with unit_of_work(engine) as connection:
+        repository.ensure_recipe(connection, version, Recipe.from_settings(settings))
     marked = backfill.mark(engine, version, selection, lease_seconds=settings.stale_after_seconds).marked
     return {"version": version, "marked": marked}
 

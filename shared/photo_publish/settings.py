@@ -8,7 +8,7 @@ from datetime import timedelta
 from types import NoneType
 from typing import Any, Self
 
-from photo_publish.image.slots import NOMINAL_RESIDENT, TEMPLATE_MEMORY_MB, DecodeBudget, TooSmall
+from photo_publish.retry import ContradictoryRetry, RetryPolicy
 
 
 class InvalidSettings(ValueError):
@@ -76,6 +76,9 @@ AVIF_EFFORT = 0
 
 # A claim older than this is its dead worker's; a dead letter's sender holds it as long (SPEC 5).
 STALE_AFTER_SECONDS = 300
+
+# Lambda's memory, in its MB (MiB), at the template's default (ProcessMemorySize: one full vCPU).
+TEMPLATE_MEMORY_MB = 1769
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +158,7 @@ class Settings:
     max_input_dimension: int = field(default=32_768, metadata=_between(1))
     max_input_row_bytes: int = field(default=196_608, metadata=_between(1))
     # The function's memory in MB, which Lambda sets from MemorySize (the template's ProcessMemorySize):
-    # what a decoder may hold follows from it (decode_budget). Elsewhere, the template's default.
+    # what a decoder may hold follows from it (image/slots.py). Elsewhere, the template's default.
     aws_lambda_function_memory_size: int = field(default=TEMPLATE_MEMORY_MB, metadata=_between(128, 10240))
     render_timeout_seconds: float = field(default=30.0, metadata=_between(1))
 
@@ -252,36 +255,10 @@ class Settings:
         stale (a render that raced the deletion may have put variants meanwhile)."""
         return timedelta(seconds=self.stale_after_seconds + self.record_budget_seconds)
 
-    def decode_budget(self, resident: int | None = None) -> DecodeBudget:
-        """What a render's decoder may hold, in a shared slot and alone (image/slots.py), given this
-        process's resident set (measured where it can be, else the function's as measured here).
-
-        Asked by the process function only, when it builds its service (its first batch): the other
-        functions render nothing, whatever their memory.
-        """
-        resident = NOMINAL_RESIDENT if resident is None else resident
-        memory, records, renders = (
-            self.aws_lambda_function_memory_size,
-            self.record_concurrency,
-            self.render_concurrency,
-        )
-        try:
-            return DecodeBudget.of(
-                memory_mb=memory,
-                records=records,
-                renders=renders,
-                resident=resident,
-                formats=self.variant_formats,
-            )
-        except TooSmall as error:
-            raise InvalidSettings(
-                f"AWS_LAMBDA_FUNCTION_MEMORY_SIZE ({memory}) is too small for RECORD_CONCURRENCY "
-                f"({records}) and RENDER_CONCURRENCY ({renders}): {error}"
-            ) from None
-
-    def backoff_seconds(self, attempt: int) -> int:
-        """BullMQ's exponential backoff: base * 2^(attempt-1), attempt counted from 1."""
-        return int(self.retry_base_seconds * 2 ** max(attempt - 1, 0))
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of these numbers (retry.py): checked with the others on construction."""
+        return RetryPolicy(**{name: getattr(self, name) for name in _RETRY_NUMBERS})
 
 
 def _text(value: object) -> str:
@@ -340,6 +317,8 @@ _KINDS: dict[object, _Kind] = {
 
 
 _DEFAULTS = {spec.name: spec.default for spec in fields(Settings)}
+# The settings the retry policy is made of, named alike there.
+_RETRY_NUMBERS = ("max_attempts", "max_receive_count", "retry_base_seconds")
 
 
 def _problems(values: Mapping[str, Any]) -> list[str]:
@@ -356,12 +335,7 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
             problems.append(f"{variable} {broken}, got {value!r}")
     if not values.get("database_url") and not (values.get("db_secret_arn") and values.get("db_host")):
         problems.append("set DATABASE_URL, or DB_SECRET_ARN and DB_HOST")
-    attempts = values.get("max_attempts", _DEFAULTS["max_attempts"])
-    receives = values.get("max_receive_count", _DEFAULTS["max_receive_count"])
-    if isinstance(attempts, int) and isinstance(receives, int) and attempts > receives:
-        # The redrive would take a message before its attempts are spent: an upload whose photo row
-        # never appears would then be handed on as a job message without its key, and lost.
-        problems.append(f"MAX_ATTEMPTS ({attempts}) must not exceed MAX_RECEIVE_COUNT ({receives})")
+    problems += _retry_problems(values)
     widths = values.get("variant_widths", _DEFAULTS["variant_widths"])
     browse = values.get("browse_size", _DEFAULTS["browse_size"])
     if (
@@ -377,3 +351,15 @@ def _problems(values: Mapping[str, Any]) -> list[str]:
     if values.get("db_sslmode", "require") != "require" and not values.get("db_sslrootcert"):
         problems.append("DB_SSLMODE verify-ca and verify-full need DB_SSLROOTCERT (the CA bundle's path)")
     return problems
+
+
+def _retry_problems(values: Mapping[str, Any]) -> list[str]:
+    """What the retry policy refuses in its numbers (retry.py), once each is an integer at all."""
+    numbers = {name: values.get(name, _DEFAULTS[name]) for name in _RETRY_NUMBERS}
+    if not all(_KINDS[int].accepts(number) for number in numbers.values()):
+        return []  # named already by its own variable's rule
+    try:
+        RetryPolicy(**numbers)
+    except ContradictoryRetry as error:
+        return [str(error)]
+    return []

@@ -22,7 +22,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from photo_publish.adapters.tables import photo_jobs, photo_variants, photos
-from photo_publish.errors import ErrorCode
+from photo_publish.adapters.unit_of_work import unit_of_work
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.jobs import invalidations, machine
 from photo_publish.keys import (
     FIXED_KINDS,
@@ -176,7 +177,7 @@ def register(
 
     photo_id = uuid.uuid4()
     key = original_key(settings.stage, album, photo_id, name)
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         # The backend's photos belong to no user; a user's need the album to be theirs or shared.
         owner = user_of(caller)
         if owner is None:
@@ -224,7 +225,7 @@ def share_album(engine: Engine, album_id: str | UUID, member: str, *, caller: Ca
     """`member` may register into `album_id` (the backend's call), and read and delete what they put
     there; an album nobody owns yet stays the backend's (sharing gives no ownership)."""
     album, user = _album(album_id), _member(member, caller)
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         machine.share_album(connection, album, user)
 
 
@@ -232,7 +233,7 @@ def unshare_album(engine: Engine, album_id: str | UUID, member: str, *, caller: 
     """`member` may no longer register into `album_id` (the backend's call); the photos they put there
     stay theirs. False if they were not a member (an album's owner is not one: an owner stays)."""
     album, user = _album(album_id), _member(member, caller)
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         return machine.unshare_album(connection, album, user)
 
 
@@ -275,7 +276,7 @@ def status(
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
         return None
-    with engine.connect() as connection:
+    with unit_of_work(engine) as connection:
         photo = connection.execute(
             select(photos, photo_jobs.c.status.label("job_status"))
             .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
@@ -346,13 +347,13 @@ def delete(
         photo_uuid = photo_id if isinstance(photo_id, UUID) else parse_uuid(photo_id)
     except MalformedKey:
         return False
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         if user is not None and not machine.may_touch(connection, photo_uuid, user):
             return False
         deleted = machine.delete(connection, photo_uuid, purge_after=settings.purge_delay)
         if deleted is None:
             return False
-        writer.append_deleted(connection, deleted)
+        writer.append_deleted(connection, deleted.event)
         # Recorded whether or not this process knows the distribution (an app's own API calling the
         # library may not): the sweep, which the template tells it, sends what is left.
         path = invalidations.photo_path(settings.stage, deleted.album_id, photo_uuid)
@@ -374,5 +375,7 @@ def _invalidate(
             invalidations.defer_invalidations(engine, [path], settings.purge_delay.total_seconds())
         elif cdn is not None:
             invalidations.send_invalidations(engine, cdn, paths=[path])
-    except SQLAlchemyError as error:
-        logger.warning("cdn path left to the sweep", path=path, reason=type(error).__name__)
+    except (SQLAlchemyError, PhotoError) as error:
+        # A PhotoError is the unit of work's DATABASE_UNAVAILABLE, naming the driver's error.
+        reason = str(error) if isinstance(error, PhotoError) else type(error).__name__
+        logger.warning("cdn path left to the sweep", path=path, reason=reason)

@@ -4,7 +4,7 @@ The same build as `sam local invoke` runs, deployed with the SAM transform by Lo
 cannot run the functions offline (awslocal/localstack-docker refuses it, and `sam local invoke`
 runs them instead). Each deployed resource is read back through its own service's API and
 compared with what the template means for those parameters: the template evaluated by
-tests/integration/test_template.py's `Stack`, its references resolved to the deployed resources.
+tests/template/test_template.py's `Stack`, its references resolved to the deployed resources.
 Then the whole path through the deployed wiring: an upload into the deployed bucket lands on the
 deployed queue, and that message, handed to `sam local invoke`, publishes the photo. The same for
 an existing bucket, through its EventBridge notifications and the stack's rule.
@@ -39,7 +39,7 @@ from tests.aws_local.conftest import (
     sam_local_invoke,
 )
 from tests.aws_local.test_sam_local import assert_published_in, register
-from tests.integration.test_template import Stack
+from tests.template.test_template import Stack
 
 pytestmark = pytest.mark.aws_local
 
@@ -49,7 +49,7 @@ SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:photo-db-AbCdEf"
 # page: "supported by LocalStack only in the pro image"); the template's tests read those resources.
 # The CDN off for the same reason: LocalStack's free edition has no CloudFront; the distribution,
 # its policies and the bucket policy's statement are read from the template
-# (tests/integration/test_template_serving.py).
+# (tests/template/test_template_serving.py).
 PARAMETERS = {
     "Architecture": "x86_64",
     "DbSecretArn": SECRET,

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, func, insert, select
 from devkit import poller, samples, stack, uploads
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoVariant
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.integration.test_template import ROOT, python312, tool, tool_env
+from tests.template.test_template import ROOT, python312, tool, tool_env
 
 BUILD = ROOT / ".aws-sam" / "build"
 # The vips layer the functions get on this machine's architecture (the template's parameter).

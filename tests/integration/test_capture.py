@@ -20,23 +20,23 @@ from sqlalchemy.exc import IntegrityError
 
 from devkit import exif, samples, uploads
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
-from photo_publish.keys import photo_prefixes
-from photo_publish.observability import logger
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     NO_CAPTURE,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
     Capture,
     PhotoPublishedPayload,
 )
-from photo_publish.publish.repository import PhotoRepository
-from photo_publish.publish.transaction import capture_of
+from photo_publish.keys import photo_prefixes
+from photo_publish.observability import logger
+from photo_publish.publish import repository, transaction
+from photo_publish.publish.transaction import Rendition, capture_of
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.integration.test_database import PLACEHOLDER, VARIANTS, new_photo, set_job
 from tests.integration.test_upload_function import call, register
 from tests.polling import poll_until
 from tests.readers import metadata_in
-from tests.rows import published
+from tests.rows import committed, published
 
 # Strings of the original's metadata that no variant may carry, whatever its format.
 XMP_MARKER = "photo-publish-xmp-marker"
@@ -219,31 +219,21 @@ def test_the_table_refuses_a_position_on_a_photo_whose_user_did_not_agree(db: En
 
 def test_a_rerender_replaces_the_capture_on_the_row_and_in_its_event(db: Engine) -> None:
     # GIVEN a photo published with a phone's capture
-    repository, photo_id = PhotoRepository(db), new_photo(db)
-    repository.claim(photo_id, stale_after=300, max_attempts=3)
-    first = repository.publish(
-        photo_id,
-        1,
-        width=10,
-        height=10,
-        variants=VARIANTS,
-        variant_version=1,
-        placeholder=PLACEHOLDER,
-        capture=CAMERA,
+    photo_id = new_photo(db)
+    committed(db, repository.claim, photo_id, stale_after=300, max_attempts=3)
+    first = committed(
+        db, transaction.publish, photo_id, 1, Rendition(10, 10, VARIANTS, 1, PLACEHOLDER, CAMERA)
     )
     assert first.payload is not None and first.payload.capture == CAMERA
     set_job(db, photo_id, status="active", attempt=2)
 
     # WHEN a re-render (a backfill's) finds no EXIF in it any more (a new original, say)
-    result = repository.replace_variants(
+    result = committed(
+        db,
+        transaction.replace_variants,
         photo_id,
         2,
-        width=10,
-        height=10,
-        variants=VARIANTS,
-        variant_version=2,
-        placeholder=PLACEHOLDER,
-        capture=NO_CAPTURE,
+        Rendition(10, 10, VARIANTS, 2, PLACEHOLDER, NO_CAPTURE),
         retire_after=timedelta(days=1),
     )
 

@@ -18,9 +18,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.adapters.models import Photo, PhotoJob
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.publish.repository import Claimed, PhotoRepository
+from photo_publish.publish import repository
+from photo_publish.publish.repository import Claimed
+from photo_publish.retry import PERMANENT
 from tests.conftest import settings_for
-from tests.rows import job
+from tests.rows import committed, job
 
 # Seconds: DB_STATEMENT_TIMEOUT_SECONDS. A lock is waited for half of it (a statement that waits
 # as long as its whole timeout is cancelled as a statement, never named a lock wait), and a
@@ -92,27 +94,28 @@ def test_a_claim_on_a_row_locked_by_another_session_gives_up_at_the_lock_timeout
     # GIVEN a job whose row another session holds locked in a transaction that does not end (a
     # frozen worker, a person at a psql prompt)
     photo_id = new_photo(db)
-    repository = PhotoRepository(functions_engine)
     with db.connect() as holder:
         holder.execute(select(PhotoJob).where(PhotoJob.photo_id == photo_id).with_for_update())
 
-        # WHEN a function claims the job (the state machine's transition, through the repository)
+        # WHEN a function claims the job (the state machine's transition, in a unit of work)
         error, took = within_bound(
-            lambda: repository.claim(photo_id, stale_after=300, max_attempts=3), holder
+            lambda: committed(functions_engine, repository.claim, photo_id, stale_after=300, max_attempts=3),
+            holder,
         )
         holder.rollback()
 
     # THEN it gave up after the lock timeout, not at once and not at the Lambda's timeout...
     assert LOCK_TIMEOUT <= took < LOCK_TIMEOUT + SLACK
-    # ...with PostgreSQL's lock_not_available, which the repository calls DATABASE_UNAVAILABLE: a
+    # ...with PostgreSQL's lock_not_available, which the unit of work calls DATABASE_UNAVAILABLE: a
     # transient failure, retried, never a permanent one
     assert isinstance(error, PhotoError), error
-    assert error.code is ErrorCode.DATABASE_UNAVAILABLE and not error.code.permanent
+    assert error.code is ErrorCode.DATABASE_UNAVAILABLE and error.code not in PERMANENT
     assert isinstance(error.__cause__, DBAPIError)
     assert isinstance(error.__cause__.orig, psycopg.errors.LockNotAvailable)
     # AND the job is untouched, and claimed once the lock is gone
     assert job(db, photo_id) == ("pending", 0, None)
-    assert repository.claim(photo_id, stale_after=300, max_attempts=3) == Claimed(1)
+    claimed = committed(functions_engine, repository.claim, photo_id, stale_after=300, max_attempts=3)
+    assert claimed == Claimed(1)
 
 
 def test_a_long_statement_is_cancelled_at_the_statement_timeout(functions_engine: Engine) -> None:

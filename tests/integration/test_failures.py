@@ -1,7 +1,10 @@
 """Every failure path of a delivery ends in a recorded state (SPEC 5), through real parts.
 
 Faults are injected into the real clients (see tests/faults.py); the queue is moto's server, whose
-visibility timeouts and redrive policy decide when a record comes back.
+visibility timeouts and redrive policy decide when a record comes back. A re-upload's record handed
+on at the receive limit carries what it proved. The operator's retry and redrive take back a
+failure's owed letter without paging for the photo they publish, even while the sweep is sending it
+(SPEC 16 (2)).
 """
 
 from __future__ import annotations
@@ -22,16 +25,19 @@ from devkit.poller import LambdaContext, Poller, sqs_event
 from photo_publish import bootstrap, operator
 from photo_publish import uploads as app_uploads
 from photo_publish.adapters.models import OutboxEvent, PhotoJob, PhotoVariant
+from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
+from photo_publish.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
-from photo_publish.outbox.contracts import PHOTO_FAILED, PHOTO_PUBLISHED, PhotoFailedPayload
-from photo_publish.publish.repository import PhotoRepository
+from photo_publish.publish.failures import Failures
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
-from tests.letters import dead_letters
+from tests.letters import dead_letters, lease_passes, letter_codes, owed
 from tests.network_guard import GUARD
-from tests.polling import poll_until
+from tests.originals import small
+from tests.originals import upload as upload_small
+from tests.polling import carried, drain, poll_until, sweep
 from tests.rows import job, photo, published
 
 process = handlers.load("process")
@@ -303,9 +309,9 @@ def test_a_photo_deleted_as_its_final_failure_is_recorded_pages_nobody(
 ) -> None:
     # GIVEN S3 unreachable for reads, and the photo's user deleting it the moment its last attempt's
     # failure is committed (before the worker sends the letter)
-    record_failure, deleted = PhotoRepository.fail, threading.Event()
+    record_failure, deleted = Failures._fail, threading.Event()
 
-    def deleted_meanwhile(self: PhotoRepository, *args: Any, **kwargs: Any) -> Any:
+    def deleted_meanwhile(self: Failures, *args: Any, **kwargs: Any) -> Any:
         failed = record_failure(self, *args, **kwargs)
         if kwargs.get("final"):
             user = threading.Thread(
@@ -318,7 +324,7 @@ def test_a_photo_deleted_as_its_final_failure_is_recorded_pages_nobody(
             deleted.set()
         return failed
 
-    monkeypatch.setattr(PhotoRepository, "fail", deleted_meanwhile)
+    monkeypatch.setattr(Failures, "_fail", deleted_meanwhile)
     with aws_fails(bootstrap.s3_client(), "GetObject"):
         shot = upload(fast, db)
 
@@ -410,30 +416,133 @@ def test_an_operator_retry_of_chosen_photos_sends_one_message_each(fast: Infra, 
     assert [events(db, s.photo_id) for s in failed] == [1, 1]
 
 
-def test_a_message_at_the_redrive_limit_with_attempts_left_is_not_dead_lettered(
+def test_an_operator_retry_takes_back_an_owed_dead_letter_so_the_published_photo_never_pages(
     infra: Infra, db: Engine
 ) -> None:
-    # GIVEN a redrive policy that dead-letters at the third receive, and three attempts per job
+    """Finding 3 (retry): the owed letter survives the retry; after publication the sweep dead-letters it."""
+    # GIVEN a final failure (S3 unreadable through the attempts) whose dead letter the queue refused
+    infra.configure(retry_base_seconds=1)
+    with aws_fails(bootstrap.s3_client(), "GetObject"), aws_fails(bootstrap.sqs_client(), "SendMessage"):
+        shot = upload_small(infra, db, "LadyBird.jpg")
+        poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert job(db, shot.photo_id) == ("failed", 3, "STORAGE_READ_FAILED")
+    assert owed(db, shot.photo_id) is not None and letter_codes(infra) == []
+
+    # WHEN the operator retries it, it publishes, and the sweep runs after the letter's lease
+    assert operator.retry(bootstrap.engine(), bootstrap.queue(), [shot.photo_id]) == [shot.photo_id]
+    poll_until(infra, published(db, shot.photo_id))
+    lease_passes(db)
+    summary = sweep()
+
+    # THEN no dead letter was sent for the published photo
+    assert letter_codes(infra) == [], f"a published photo paged (sweep {summary})"
+    assert summary["deadLettersSent"] == 0
+
+
+def test_an_operator_redrive_takes_back_an_owed_dead_letter_so_the_published_photo_never_pages(
+    infra: Infra, db: Engine
+) -> None:
+    """Finding 3 (redrive): the owed letter survives the redrive; after publication the sweep dead-letters it."""
+    # GIVEN a photo that failed for good and was dead-lettered, then was retried while S3 was still
+    # down and failed for good again while the dead-letter queue refused the second letter
+    infra.configure(retry_base_seconds=1)
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        shot = upload_small(infra, db, "LadyBird.jpg")
+        poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+        assert letter_codes(infra) == [(shot.photo_id, "STORAGE_READ_FAILED")]
+        assert operator.retry(bootstrap.engine(), bootstrap.queue(), [shot.photo_id]) == [shot.photo_id]
+        with aws_fails(bootstrap.sqs_client(), "SendMessage"):
+            poll_until(
+                infra, lambda: job(db, shot.photo_id)[0] == "failed" and owed(db, shot.photo_id) is not None
+            )
+    assert job(db, shot.photo_id) == ("failed", 3, "STORAGE_READ_FAILED")
+
+    # WHEN S3 is back and the operator redrives the dead-letter queue, the photo publishes, and the
+    # sweep runs after the owed letter's lease
+    redriven = operator.redrive(bootstrap.engine(), infra.sqs, infra.settings)
+    poll_until(infra, published(db, shot.photo_id))
+    lease_passes(db)
+    summary = sweep()
+
+    # THEN the redrive took the photo up and removed its letter, and no dead letter was sent for the
+    # published photo afterwards
+    assert redriven.photos == [shot.photo_id] and redriven.messages_removed == 1
+    assert letter_codes(infra) == [], f"a published photo paged (sweep {summary})"
+    assert summary["deadLettersSent"] == 0
+
+
+def test_a_retry_while_the_sweep_sends_an_owed_letter_never_pages_for_the_published_photo(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 5 (paging, as amended) and SPEC 16 (2): a retry takes back any letter still owed; the
+    dead-letter queue holds a letter only for a photo that is failed."""
+    # GIVEN a final failure whose dead letter the queue refused: owed, and past its lease
+    infra.configure(retry_base_seconds=1)
+    with aws_fails(bootstrap.s3_client(), "GetObject"), aws_fails(bootstrap.sqs_client(), "SendMessage"):
+        shot = upload_small(infra, db, "LadyBird.jpg")
+        poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert owed(db, shot.photo_id) is not None and letter_codes(infra) == []
+    lease_passes(db)
+
+    # WHEN the sweep leases the owed letter, and the operator retries the photo before the sweep's
+    # SendMessage reaches the dead-letter queue (the operator's command and the scheduled sweep run
+    # independently)
+    real_send = SqsQueue.send_dead_letter
+    retried: list[Any] = []
+
+    def operator_first(self: SqsQueue, *args: Any, **kwargs: Any) -> bool:
+        if not retried:
+            retried.append(operator.retry(bootstrap.engine(), bootstrap.queue(), [shot.photo_id]))
+        return real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqsQueue, "send_dead_letter", operator_first)
+    sweep()
+    monkeypatch.setattr(SqsQueue, "send_dead_letter", real_send)
+
+    # THEN the retry left the photo whose letter was in flight (a letter taken back then would page
+    # for a photo no longer failed): the letter was sent while the photo was failed, and settled
+    assert retried == [[]]
+    assert [code for _, code in letter_codes(infra)] == ["STORAGE_READ_FAILED"]
+    assert owed(db, shot.photo_id) is None and photo(db, shot.photo_id)[0] == "processing_failed"
+
+    # WHEN the operator retries again, the letter sent, THEN the photo publishes and pages no more
+    assert operator.retry(bootstrap.engine(), bootstrap.queue(), [shot.photo_id]) == [shot.photo_id]
+    drain(infra, published(db, shot.photo_id), timeout=20)
+    assert photo(db, shot.photo_id)[0] == "ready"
+    summary = sweep()
+    assert len(letter_codes(infra)) == 1, f"a published photo paged again (sweep {summary})"
+
+
+def test_a_message_whose_receives_run_out_before_its_attempts_is_handed_on_not_dead_lettered(
+    infra: Infra, db: Engine
+) -> None:
+    # GIVEN the template's redrive (dead-lettered at the sixth receive) and three attempts per job
     database_url = db.url.render_as_string(hide_password=False)
     infra.use_queues(
-        f"{infra.queues.url.rsplit('/', 1)[1]}-r3",
-        max_receive_count=3,
+        f"{infra.queues.url.rsplit('/', 1)[1]}-r5",
+        max_receive_count=5,
         retry_base_seconds=1,
         database_url="postgresql://postgres@127.0.0.1:9/none",
     )
 
-    # WHEN a receive spends no attempt (the database refused connections), and then the first two
-    # attempts fail transiently: so close to the redrive, every receive that must come back hands
-    # its record on to a fresh message (acknowledged, not failed)
+    # WHEN three receives spend no attempt (the database refused connections): the third, the first
+    # from which a record that must come back is handed on, goes to a fresh message (acknowledged,
+    # not failed)
     shot = upload(infra, db)
     poller = Poller(infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=2)
-    poller.poll_once()
-    assert (poller.received, poller.failed, job(db, shot.photo_id)) == (1, 0, ("pending", 0, None))
+    deadline = time.monotonic() + 30
+    while poller.received - poller.failed < 1:
+        assert time.monotonic() < deadline, f"never handed on; {poller.received} receives"
+        poller.poll_once()
+    assert (poller.received, poller.failed, job(db, shot.photo_id)) == (3, 2, ("pending", 0, None))
+    # AND then the first two attempts fail transiently
     infra.configure(database_url=database_url)
     with aws_fails(bootstrap.s3_client(), "GetObject", times=2):
         poll_until(infra, published(db, shot.photo_id))
 
-    # THEN a fresh message carried the third attempt, which published; nothing was dead-lettered
+    # THEN the fresh message carried the three attempts, the last of which published (on the first
+    # message, the third attempt's would have been its sixth receive: dead-lettered by the redrive);
+    # nothing was dead-lettered
     assert job(db, shot.photo_id) == ("done", 3, "STORAGE_READ_FAILED")
     assert dead_letters(infra) == []
 
@@ -477,6 +586,62 @@ def test_a_handed_on_message_whose_acknowledgement_is_lost_is_not_dead_lettered(
     assert lost and lost[0] < 5, f"handed on at receive {lost}: no receive was left for a lost ack"
     assert dead_letters(infra) == []
     assert job(db, shot.photo_id)[:2] == ("done", 1)
+
+
+def peek(infra: Infra) -> list[str]:
+    """The bodies of the messages now in the process queue, left there (visible again at once)."""
+    messages = infra.sqs.receive_message(
+        QueueUrl=infra.queues.url, MaxNumberOfMessages=10, WaitTimeSeconds=2
+    ).get("Messages", [])
+    for m in messages:
+        infra.sqs.change_message_visibility(
+            QueueUrl=infra.queues.url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    return [m["Body"] for m in messages]
+
+
+def test_a_reupload_of_a_failed_photo_through_a_database_outage_at_the_receive_limit_is_published(
+    infra: Infra, db: Engine
+) -> None:
+    """Finding 1: at MAX_RECEIVE_COUNT the re-upload's record is replaced by a bare job message and dropped."""
+    # GIVEN a photo that failed permanently: its first original could not be decoded
+    infra.configure(retry_base_seconds=0)  # each receive's backoff: the shortest visibility, 1 s
+    database_url = infra.settings.database_url
+    fixed = small("Garden.jpg")
+    shot = upload_small(infra, db, "Garden.jpg", fixed[: len(fixed) // 2])
+    poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert photo(db, shot.photo_id)[:2] == ("processing_failed", "DECODE_FAILED")
+
+    # WHEN the user uploads the fixed file while the database is down through every receive of its
+    # notification, up to the one it is handed on from (two short of the redrive's MAX_RECEIVE_COUNT)
+    infra.configure(retry_base_seconds=0, database_url="postgresql://postgres@127.0.0.1:9/none")
+    uploads.put_original(infra.s3, BUCKET, shot.key, fixed)
+    records: list[dict[str, Any]] = []
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        records.extend(event["Records"])
+        response: dict[str, Any] = process.lambda_handler(event, context)
+        return response
+
+    outage = Poller(infra.sqs, infra.queues.url, infra.queues.arn, handler, wait_seconds=1)
+    deadline = time.monotonic() + 30
+    while outage.received - outage.failed < 1:  # until the notification is acknowledged
+        assert time.monotonic() < deadline, "the notification was never acknowledged"
+        outage.poll_once()
+    assert [int(r["attributes"]["ApproximateReceiveCount"]) for r in records] == [1, 2, 3]
+    handed_back = peek(infra)
+
+    # ... and the database comes back, and the queue's messages reach the process function
+    infra.configure(retry_base_seconds=0, database_url=database_url)
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the new upload was processed: the photo is published
+    assert photo(db, shot.photo_id)[0] == "ready", (
+        f"the re-upload was dropped: photo {photo(db, shot.photo_id)}, job {job(db, shot.photo_id)},"
+        f" handed back as {handed_back}"
+    )
+    # AND the message that carried the record on carried what the record proved: key, sequencer, eTag
+    assert [carried(body) for body in handed_back] == [carried(records[0]["body"])]
 
 
 # --- permanent failures and late uploads ---------------------------------------------------
@@ -585,13 +750,13 @@ def test_an_input_that_crashes_its_workers_is_failed_once_and_not_reopened_by_it
 
 
 def test_a_delivery_for_a_job_in_backoff_goes_back_to_the_queue_until_due(infra: Infra, db: Engine) -> None:
-    # GIVEN a job not due for another 2 seconds
+    # GIVEN a job not due for another 5 seconds (time enough to be delivered early on a busy machine)
     shot = upload(infra, db)
     with db.begin() as c:
         c.execute(
             update(PhotoJob)
             .where(PhotoJob.photo_id == shot.photo_id)
-            .values(next_retry_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, 2))
+            .values(next_retry_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, 5))
         )
     started = time.monotonic()
 
@@ -600,7 +765,7 @@ def test_a_delivery_for_a_job_in_backoff_goes_back_to_the_queue_until_due(infra:
 
     # THEN it came back when due (not after the queue's 60 s) and published on the first attempt
     assert poller.failed >= 1
-    assert 1.5 < time.monotonic() - started < 30  # its backoff (2 s), far from the queue's 60 s
+    assert 4.5 < time.monotonic() - started < 30  # its backoff (5 s), far from the queue's 60 s
     assert job(db, shot.photo_id) == ("done", 1, None)
 
 
@@ -681,10 +846,8 @@ def test_a_run_that_dies_and_a_hand_on_whose_send_fails_leave_a_receive_to_hand_
 ) -> None:
     # GIVEN the template's redrive (dead-lettered at the sixth receive), a visibility of 2 s, and a
     # database that refuses connections: every receive fails before a claim, spending no attempt
-    from photo_publish.publish import delivery
-
     database_url = _redrive_at_the_sixth_receive_and_the_database_down(infra, db, "die")
-    first_hand_on = bootstrap.settings().max_receive_count - delivery.HAND_ON_SLACK
+    first_hand_on = bootstrap.settings().retry.first_hand_on
     shot = upload(infra, db)
 
     # WHEN the run on the first receive a hand-on may come from dies before it answers (the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from typing import Any
+from urllib.parse import unquote_plus
 from uuid import UUID
 
 import pytest
@@ -15,6 +16,7 @@ from devkit.poller import LambdaContext
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.observability import logger
 from tests.conftest import BUCKET, Infra, load_event
+from tests.template.test_template import ROOT, local_env
 
 process = handlers.load("process")
 
@@ -200,3 +202,38 @@ def test_the_heap_is_trimmed_once_per_invocation_after_its_batch(
     # THEN malloc_trim(0) ran once, after the photo was published (the batch's work done)
     assert response == {"batchItemFailures": []}
     assert trims == [(0, ("ready", 2, 1))]
+
+
+# The sample events of `sam local invoke -e events/...` (the repository's events/ folder).
+SAMPLE_EVENTS = ROOT / "events"
+
+
+def test_the_sample_events_run_the_handlers(infra: Infra, db: Engine) -> None:
+    # GIVEN the local bucket and stage, and the photo the sample events name, as the API writes it
+    env = local_env()
+    infra.s3.create_bucket(Bucket=env["PHOTO_BUCKET"])
+    infra.configure(photo_bucket=env["PHOTO_BUCKET"], stage=env["STAGE"])
+    event = json.loads((SAMPLE_EVENTS / "process-s3-notification.json").read_text())
+    s3_record = json.loads(event["Records"][0]["body"])["Records"][0]["s3"]
+    key = unquote_plus(s3_record["object"]["key"])
+    photo_id, album_id = key.split("/")[4], key.split("/")[3]
+    with db.begin() as connection:
+        connection.execute(insert(Photo).values(id=photo_id, album_id=album_id, original_key=key))
+        connection.execute(insert(PhotoJob).values(photo_id=photo_id))
+    infra.s3.put_object(Bucket=env["PHOTO_BUCKET"], Key=key, Body=(samples.IMAGES / "Wood.jpg").read_bytes())
+    process, sweep = handlers.load("process"), handlers.load("sweep")
+
+    # WHEN each sample event is handled, as `sam local invoke -e events/...` would
+    published = process.lambda_handler(event, LambdaContext())
+    again = process.lambda_handler(
+        json.loads((SAMPLE_EVENTS / "process-job-message.json").read_text()), LambdaContext()
+    )
+    swept = sweep.lambda_handler(
+        json.loads((SAMPLE_EVENTS / "sweep-scheduled.json").read_text()), LambdaContext()
+    )
+
+    # THEN the photo is published, the job message finds it done, and the sweep finds nothing due
+    assert published == again == {"batchItemFailures": []}
+    with db.connect() as connection:
+        assert connection.scalar(select(Photo.processing_state).where(Photo.id == photo_id)) == "ready"
+    assert swept["resentPending"] == 0

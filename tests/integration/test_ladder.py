@@ -13,11 +13,11 @@ from sqlalchemy import Engine, func, select, update
 from devkit import samples, uploads
 from photo_publish import uploads as api
 from photo_publish.adapters.models import OutboxEvent, PhotoVariant, RetiredVariant
+from photo_publish.contracts import PhotoPublishedPayload
 from photo_publish.image import ladder
-from photo_publish.outbox.contracts import PhotoPublishedPayload
 from tests.conftest import BUCKET, STAGE, Infra
-from tests.integration.test_backfill import objects, rerender, sweep, versions
-from tests.polling import poll_until
+from tests.integration.test_backfill import objects, rerender, versions
+from tests.polling import poll_until, sweep
 from tests.readers import metadata_in
 
 BOTH = ("webp", "avif")

@@ -25,8 +25,8 @@ import pytest
 from photo_publish import operator
 from photo_publish.errors import ErrorCode
 from photo_publish.publish.outcomes import Outcome
-from tests.integration.test_template import ROOT, Stack
 from tests.markdown import slug
+from tests.template.test_template import ROOT, Stack
 
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 COST = ROOT / "docs" / "cost.md"

@@ -23,11 +23,10 @@ from photo_publish.adapters.storage import S3Store
 from photo_publish.errors import ErrorCode
 from photo_publish.events import PhotoRequest
 from photo_publish.image import pipeline
+from photo_publish.publish import repository, transaction
 from photo_publish.publish import service as service_module
 from photo_publish.publish.outcomes import Outcome
-from photo_publish.publish.repository import PhotoRepository
 from photo_publish.publish.service import PhotoService
-from photo_publish.publish.transaction import PublishResult
 from tests.conftest import BUCKET, STAGE, Infra
 
 PHOTOS = ("Aqua.jpg", "Garden.jpg", "Storm.jpg", "Wood.jpg", "LadyBird.jpg", "GreenMeadow.jpg")
@@ -57,23 +56,25 @@ class RecordingStore(S3Store):
                 self.events.append(("end", kind))
 
 
-class RecordingRepository(PhotoRepository):
-    """The real repository, noting the store's puts as they stood when the commit began."""
+class CommitWatch:
+    """The real publish transaction, noting the store's puts as they stood when it began."""
 
-    def __init__(self, engine: Engine, store: RecordingStore) -> None:
-        super().__init__(engine)
-        self.store = store
+    def __init__(self, store: RecordingStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.at_commit: list[tuple[str, str]] | None = None
+        publish = transaction.publish
 
-    def publish(self, *args: Any, **kwargs: Any) -> PublishResult:
-        self.at_commit = list(self.store.events)
-        return super().publish(*args, **kwargs)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            self.at_commit = list(store.events)
+            return publish(*args, **kwargs)
+
+        monkeypatch.setattr(transaction, "publish", watched)
 
 
-def a_service(infra: Infra, db: Engine, store: RecordingStore) -> tuple[PhotoService, RecordingRepository]:
-    repository = RecordingRepository(db, store)
+def a_service(
+    infra: Infra, db: Engine, store: RecordingStore, monkeypatch: pytest.MonkeyPatch
+) -> tuple[PhotoService, CommitWatch]:
     queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
-    return PhotoService(repository, store, queue, infra.settings), repository
+    return PhotoService(db, store, queue, infra.settings), CommitWatch(store, monkeypatch)
 
 
 def upload(infra: Infra, db: Engine, name: str = "Aqua.jpg") -> Any:
@@ -82,11 +83,13 @@ def upload(infra: Infra, db: Engine, name: str = "Aqua.jpg") -> Any:
     )
 
 
-def test_every_variant_is_put_at_once_and_all_finish_before_the_commit(infra: Infra, db: Engine) -> None:
+def test_every_variant_is_put_at_once_and_all_finish_before_the_commit(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # GIVEN puts that each take 0.3 s, and a photo whose thumb, browse and ladder (640 and 1280; its
     # 2048 step is the browse's object) are as many puts as a record has threads for
     store = RecordingStore(infra.s3, slow=0.3)
-    service, repository = a_service(infra, db, store)
+    service, commits = a_service(infra, db, store, monkeypatch)
     photo = upload(infra, db)
 
     # WHEN the photo is processed
@@ -97,7 +100,7 @@ def test_every_variant_is_put_at_once_and_all_finish_before_the_commit(infra: In
     kinds = {kind for _, kind in store.events}
     assert kinds == {"thumb", "browse", "w640-webp", "w1280-webp"}
     assert [event for event, _ in store.events] == ["start"] * len(kinds) + ["end"] * len(kinds)
-    assert repository.at_commit is not None and len(repository.at_commit) == 2 * len(kinds)
+    assert commits.at_commit is not None and len(commits.at_commit) == 2 * len(kinds)
     # (and the store step took less than the puts one after another would: a loaded machine's
     # threads start late, so no tighter bound than that)
     assert result.steps is not None and result.steps.store < len(kinds) * 0.3
@@ -105,11 +108,11 @@ def test_every_variant_is_put_at_once_and_all_finish_before_the_commit(infra: In
 
 @pytest.mark.parametrize("failing", ["thumb", "browse"])
 def test_a_failed_put_of_either_variant_is_storage_write_failed_once_both_have_finished(
-    infra: Infra, db: Engine, failing: str
+    infra: Infra, db: Engine, failing: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN S3 refusing one variant's put, the other's slow
     store = RecordingStore(infra.s3, fail=failing, slow=0.3)
-    service, repository = a_service(infra, db, store)
+    service, commits = a_service(infra, db, store, monkeypatch)
     photo = upload(infra, db)
 
     # WHEN the photo is processed
@@ -121,7 +124,7 @@ def test_a_failed_put_of_either_variant_is_storage_write_failed_once_both_have_f
     kinds = {kind for _, kind in store.events}
     assert {"thumb", "browse"} < kinds
     assert sorted(store.events) == sorted([(event, kind) for event in ("start", "end") for kind in kinds])
-    assert repository.at_commit is None
+    assert commits.at_commit is None
     with db.connect() as connection:
         assert (
             connection.scalar(select(Photo.processing_state).where(Photo.id == photo.photo_id)) == "uploaded"
@@ -137,11 +140,11 @@ def s3_with_latency(aws_endpoint: None) -> Iterator[Any]:
 
 
 def test_through_aws_latencies_the_two_puts_take_one_puts_time(
-    infra: Infra, db: Engine, s3_with_latency: Any
+    infra: Infra, db: Engine, s3_with_latency: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN S3 behind AWS's latencies: 50 ms a PutObject
     put = AWS_LATENCY.seconds("s3", "PutObject")
-    service, _ = a_service(infra, db, RecordingStore(s3_with_latency))
+    service, _ = a_service(infra, db, RecordingStore(s3_with_latency), monkeypatch)
     s3_with_latency.put_object(Bucket=BUCKET, Key="warm", Body=b"")  # the connection
 
     # WHEN photos are processed
@@ -176,9 +179,8 @@ def test_renders_stay_bounded_while_more_records_are_in_flight(
 
     monkeypatch.setattr(service_module, "render", counted)
     store = RecordingStore(infra.s3)
-    repository = RecordingRepository(db, store)
     queue = SqsQueue(infra.sqs, settings.process_queue_url, settings.dead_letter_queue_url)
-    service = PhotoService(repository, store, queue, settings)
+    service = PhotoService(db, store, queue, settings)
     real_claim = repository.claim
 
     def claim(*args: Any, **kwargs: Any) -> Any:

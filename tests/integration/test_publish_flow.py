@@ -14,9 +14,9 @@ from devkit import handlers, samples, uploads
 from devkit.poller import LambdaContext, Poller
 from photo_publish import bootstrap
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import original_key
-from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 
 process = handlers.load("process")

@@ -24,7 +24,6 @@ from photo_publish.events import PhotoRequest
 from photo_publish.image import pipeline, slots
 from photo_publish.publish import service as service_module
 from photo_publish.publish.outcomes import Outcome
-from photo_publish.publish.repository import PhotoRepository
 from photo_publish.publish.service import PhotoService
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.rows import photo
@@ -79,10 +78,10 @@ def test_a_photo_over_its_slot_waits_for_the_shared_renders_then_renders_alone(
     settings = replace(
         infra.settings, record_concurrency=4, render_concurrency=2, aws_lambda_function_memory_size=MEMORY_MB
     )
-    budget = settings.decode_budget(RESIDENT)
+    budget = slots.decode_budget(settings, RESIDENT)
     assert (budget.slot // slots.MIB, budget.whole // slots.MIB) == (10, 100)
     queue = SqsQueue(infra.sqs, settings.process_queue_url, settings.dead_letter_queue_url)
-    service = PhotoService(PhotoRepository(db), S3Store(infra.s3, BUCKET), queue, settings)
+    service = PhotoService(db, S3Store(infra.s3, BUCKET), queue, settings)
     # AND first in the batch, photos whose decoders hold 24.6 MB (progressive 4:4:4 JPEGs), then six
     # ordinary ones (baseline JPEGs, which shrink on load)
     progressive = bytes(samples.photograph().jpegsave_buffer(interlace=True, subsample_mode="off"))
@@ -136,7 +135,7 @@ def test_what_no_render_of_the_function_could_hold_fails_from_its_header(
     # more than the whole 100 MB)
     settings = replace(infra.settings, aws_lambda_function_memory_size=MEMORY_MB)
     queue = SqsQueue(infra.sqs, settings.process_queue_url, settings.dead_letter_queue_url)
-    service = PhotoService(PhotoRepository(db), S3Store(infra.s3, BUCKET), queue, settings)
+    service = PhotoService(db, S3Store(infra.s3, BUCKET), queue, settings)
     large = samples.photograph().resize(6000 / 2560, vscale=4000 / 1600)
     data = bytes(large.jpegsave_buffer(interlace=True, subsample_mode="off"))
     shot = uploads.upload(db, infra.s3, BUCKET, STAGE, file_name="large.jpg", data=data)

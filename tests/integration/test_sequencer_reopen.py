@@ -5,14 +5,22 @@ AWS's event message structure): a failed job is reopened by a newer upload whate
 sequencers' lengths, and never by an older one. A published photo's original written again (a form
 posted twice, SPEC 19) is the newest upload: published as a new picture, whatever order the events
 arrive in, its read pinned to the upload its event names.
+
+Through the real process handler, on moto's S3 and SQS (SPEC 5, 16): the newest upload of a photo
+is processed whatever became of the attempts before it (one failing as the upload lands, a failure
+for good, the same file uploaded again onto a row as migration 0008 left it, a last attempt lost
+with its worker, that loss's letter held), and a late duplicate of an older upload's event reopens
+nothing.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -21,15 +29,21 @@ import pyvips
 from sqlalchemy import Engine, func, insert, literal_column, select, text, update
 
 from devkit import handlers, samples, uploads
-from devkit.poller import LambdaContext, sqs_event
+from devkit.poller import LambdaContext, Poller, sqs_event
+from photo_publish import bootstrap
 from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
 from photo_publish.adapters.storage import OriginalReplaced, Pin, S3Store
-from photo_publish.errors import ErrorCode
+from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.jobs import machine
 from photo_publish.keys import Upload, sequencer_order
-from photo_publish.publish.repository import PhotoRepository
-from tests.conftest import STAGE, Infra
-from tests.rows import in_state, job
+from photo_publish.publish import repository
+from tests.conftest import BUCKET, STAGE, Infra
+from tests.faults import aws_fails
+from tests.integration.test_database import new_photo
+from tests.letters import letter_codes
+from tests.originals import small, upload
+from tests.polling import drain, poll_until, queued
+from tests.rows import committed, in_state, job, photo, published
 
 process = handlers.load("process")
 
@@ -46,17 +60,17 @@ STORED_SHORT = "0055AED6DCD90281F"
 OLDER_LONGER = "0055AED6DCD90281E5"
 
 
-def photo_with_a_failed_job(db: Engine, repository: PhotoRepository, seen: Upload) -> uuid.UUID:
+def photo_with_a_failed_job(db: Engine, seen: Upload) -> uuid.UUID:
     """A photo whose job saw `seen`, then failed for good (its worker was lost)."""
     photo_id = uuid.uuid4()
     with db.begin() as connection:
         connection.execute(
             insert(Photo).values(id=photo_id, album_id=uuid.uuid4(), original_key=f"dev/originals/{photo_id}")
         )
-    repository.ensure_job(photo_id, upload=seen)
+    committed(db, repository.ensure_job, photo_id, upload=seen)
     # its attempt worked from that upload, and failed
-    assert repository.claim(photo_id, stale_after=300, max_attempts=3)
-    assert repository.fail(photo_id, 1, ErrorCode.WORKER_LOST, final=False)
+    assert committed(db, repository.claim, photo_id, stale_after=300, max_attempts=3)
+    assert committed(db, machine.fail, photo_id, 1, ErrorCode.WORKER_LOST, final=False)
     return photo_id
 
 
@@ -67,11 +81,10 @@ def recorded_etag(db: Engine, photo_id: uuid.UUID) -> str | None:
 
 def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_recorded(db: Engine) -> None:
     # GIVEN a photo failed for good after an upload with AWS's sample sequencer
-    repository = PhotoRepository(db)
-    photo_id = photo_with_a_failed_job(db, repository, Upload(STORED, "etag-first"))
+    photo_id = photo_with_a_failed_job(db, Upload(STORED, "etag-first"))
 
     # WHEN a later upload of the original arrives, its sequencer one digit shorter
-    repository.ensure_job(photo_id, upload=Upload(NEWER_SHORTER, "etag-second"))
+    committed(db, repository.ensure_job, photo_id, upload=Upload(NEWER_SHORTER, "etag-second"))
 
     # THEN the upload is new proof that the original exists: the job has its attempts again, and
     # the job records the new upload (its eTag) as the newest it has seen
@@ -87,11 +100,10 @@ def test_a_newer_upload_with_a_shorter_sequencer_reopens_a_failed_job_and_is_rec
 )
 def test_an_older_upload_arriving_late_never_reopens_a_failed_job(db: Engine, stored: str, late: str) -> None:
     # GIVEN a photo failed for good after an upload
-    repository = PhotoRepository(db)
-    photo_id = photo_with_a_failed_job(db, repository, Upload(stored, "etag-newest"))
+    photo_id = photo_with_a_failed_job(db, Upload(stored, "etag-newest"))
 
     # WHEN the event of an earlier upload of the original arrives late (S3 delivers out of order)
-    repository.ensure_job(photo_id, upload=Upload(late, "etag-earlier"))
+    committed(db, repository.ensure_job, photo_id, upload=Upload(late, "etag-earlier"))
 
     # THEN nothing is reopened and the newest upload stays the one recorded
     assert (job(db, photo_id), recorded_etag(db, photo_id)) == (("failed", 1, "WORKER_LOST"), "etag-newest")
@@ -303,6 +315,29 @@ def test_an_event_whose_upload_was_written_over_loses_nothing(infra: Infra, db: 
     assert events(db, registered.photo_id)[-1] == ("photo.published", state.entity_version)
 
 
+def test_a_form_posted_again_and_again_spends_no_retries_of_the_upload_finally_read(db: Engine) -> None:
+    # GIVEN a photo whose original is written over under each attempt, more times than it has attempts
+    max_attempts = 3
+    photo_id = new_photo(db)
+    for _ in range(max_attempts + 1):
+        with db.begin() as connection:
+            claimed = machine.claim(connection, photo_id, stale_after=300, max_attempts=max_attempts)
+            assert claimed is not None
+            assert machine.step_aside(connection, photo_id, claimed.attempt)
+
+    # WHEN the upload that is finally read is claimed, and its run fails for a while
+    with db.begin() as connection:
+        claimed = machine.claim(connection, photo_id, stale_after=300, max_attempts=max_attempts)
+
+    # THEN it is its first attempt: a replaced read spent none of the retries a transient failure
+    # gets, and the stepped-aside attempts' numbers no longer hold the job
+    assert claimed is not None and claimed.attempt == 1
+    with db.begin() as connection:
+        assert not machine.step_aside(connection, photo_id, max_attempts)
+        assert machine.release(connection, photo_id, 1, ErrorCode.STORAGE_READ_FAILED, 0)
+    assert job(db, photo_id)[:2] == ("pending", 1)
+
+
 def test_the_newer_uploads_event_arriving_first_is_published_and_the_older_one_changes_nothing(
     infra: Infra, db: Engine, bucket: str
 ) -> None:
@@ -385,3 +420,221 @@ def test_a_new_picture_waits_for_the_letter_of_a_failed_rerender_then_is_publish
     # THEN the new picture is published
     state = shown(db, registered.photo_id)
     assert (state.processing_state, state.entity_version, state.width) == ("ready", 3, 1920)
+
+
+# --- The newest upload is processed, whatever became of the attempts before it (SPEC 5, 16) ------
+#
+# Through the real process handler on moto's S3 and SQS. Interleavings are forced by hooking the
+# real clients at the moment two actors overlap (never by writing the tables behind the code's
+# back, except where a test says so).
+
+
+def test_a_reupload_landing_during_a_failing_attempt_on_the_old_file_is_published(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 16 (3), SPEC 5 re-uploads: the newest upload of a photo is always processed."""
+    infra.configure(retry_base_seconds=0, stale_after_seconds=5)
+    fixed = small("Garden.jpg")
+    # GIVEN an upload of a broken file, whose attempt has opened the (broken) original ...
+    opened: list[str] = []
+    real_open = S3Store.open_original
+
+    def open_then_reupload(self: S3Store, key: str, max_bytes: int, pin: Any = None) -> Any:
+        stream = real_open(self, key, max_bytes, pin)
+        if not opened:
+            opened.append(key)
+            # ... when the user uploads the fixed file, and its notification is delivered while the
+            # first attempt still renders the broken bytes it read
+            uploads.put_original(infra.s3, BUCKET, key, fixed)
+            other = Poller(
+                infra.sqs, infra.queues.url, infra.queues.arn, process.lambda_handler, wait_seconds=2
+            )
+            deadline = time.monotonic() + 20
+            while other.received < 1 and time.monotonic() < deadline:
+                other.poll_once()
+        return stream
+
+    monkeypatch.setattr(S3Store, "open_original", open_then_reupload)
+    shot = upload(infra, db, "Garden.jpg", fixed[: len(fixed) // 2])
+    poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert photo(db, shot.photo_id)[:2] == ("processing_failed", "DECODE_FAILED")
+    monkeypatch.setattr(S3Store, "open_original", real_open)
+
+    # WHEN the queue's messages reach the process function (the fixed upload's came back)
+    drain(infra, published(db, shot.photo_id), timeout=30)
+
+    # THEN the fixed upload was processed
+    assert photo(db, shot.photo_id)[0] == "ready", (
+        f"the fixed upload was dropped: photo {photo(db, shot.photo_id)}, job {job(db, shot.photo_id)}"
+    )
+
+
+def test_a_reupload_of_the_same_file_after_a_final_failure_is_published(infra: Infra, db: Engine) -> None:
+    """SPEC 5 (re-uploads, as amended): a newer upload of a failed photo is processed. The user's
+    fix for a photo that failed because S3 was down is to upload the same file again."""
+    # GIVEN a photo that failed for good because S3 could not be read through its attempts
+    infra.configure(retry_base_seconds=1)
+    data = small("LadyBird.jpg")
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        shot = upload(infra, db, "LadyBird.jpg", data)
+        poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert job(db, shot.photo_id) == ("failed", 3, "STORAGE_READ_FAILED")
+    assert letter_codes(infra) == [(shot.photo_id, "STORAGE_READ_FAILED")]
+
+    # WHEN S3 is back and the user uploads the same file again (a new upload: a new event, later
+    # than the failure)
+    time.sleep(1.1)
+    uploads.put_original(infra.s3, BUCKET, shot.key, data)
+    drain(infra, published(db, shot.photo_id), timeout=20)
+
+    # THEN the new upload was processed
+    assert photo(db, shot.photo_id)[0] == "ready", (
+        f"the re-upload was answered as a duplicate: photo {photo(db, shot.photo_id)},"
+        f" job {job(db, shot.photo_id)}"
+    )
+
+
+def test_a_reupload_of_the_same_file_with_s3s_sequencer_after_0008_cleared_the_stored_one_is_published(
+    infra: Infra, db: Engine
+) -> None:
+    """SPEC 5 (re-uploads): as AWS sends it (with a sequencer) onto a job row as migration 0008
+    leaves it (its stored sequencer cleared): the eTag alone decides, and the same file's eTag is
+    the same, so the new upload is taken for the old one."""
+    infra.configure(retry_base_seconds=1)
+    data = small("LadyBird.jpg")
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        shot = upload(infra, db, "LadyBird.jpg", data)
+        poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed")
+    assert job(db, shot.photo_id) == ("failed", 3, "STORAGE_READ_FAILED")
+    with db.connect() as c:
+        stored = c.execute(
+            select(PhotoJob.upload_sequencer, PhotoJob.upload_etag).where(PhotoJob.photo_id == shot.photo_id)
+        ).one()
+    assert stored.upload_sequencer is None and stored.upload_etag  # what 0008 leaves on every row
+
+    # WHEN the user uploads the same file again, and S3's notification (with its sequencer, as AWS
+    # writes one on every record) reaches the queue
+    time.sleep(1.1)
+    uploads.put_original(infra.s3, BUCKET, shot.key, data)
+    messages: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 10
+    while not messages and time.monotonic() < deadline:
+        messages = infra.sqs.receive_message(QueueUrl=infra.queues.url, WaitTimeSeconds=1).get("Messages", [])
+    body = json.loads(messages[0]["Body"])
+    body["Records"][0]["s3"]["object"]["sequencer"] = "0066B1A2C3D4E5F600"
+    infra.sqs.delete_message(QueueUrl=infra.queues.url, ReceiptHandle=messages[0]["ReceiptHandle"])
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=json.dumps(body))
+    drain(infra, published(db, shot.photo_id), timeout=20)
+
+    # THEN the new upload was processed
+    assert photo(db, shot.photo_id)[0] == "ready", (
+        f"the re-upload was answered as a duplicate: photo {photo(db, shot.photo_id)},"
+        f" job {job(db, shot.photo_id)}"
+    )
+
+
+def test_a_late_duplicate_of_an_older_uploads_event_never_reopens_the_failed_job(
+    infra: Infra, db: Engine
+) -> None:
+    """SPEC 16 (3): an older or repeated event never reopens anything. S3 delivers at least once,
+    and out of order; where no sequencer is stored (moto, or every row after 0008) the eTag decides
+    alone, and a different eTag is taken for a newer upload."""
+    infra.configure(retry_base_seconds=0)
+    whole = small("Garden.jpg")
+    bodies: list[str] = []
+
+    def keeping(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        bodies.extend(r["body"] for r in event["Records"])
+        response: dict[str, Any] = process.lambda_handler(event, context)
+        return response
+
+    # GIVEN a first upload of a broken file that failed, and a second broken one that failed too
+    shot = upload(infra, db, "Garden.jpg", whole[: len(whole) // 2])
+    poll_until(infra, lambda: job(db, shot.photo_id)[0] == "failed", handler=keeping)
+    first = bodies[0]
+    uploads.put_original(infra.s3, BUCKET, shot.key, whole[: len(whole) // 3])
+    poll_until(infra, lambda: len(bodies) >= 2 and job(db, shot.photo_id)[0] == "failed", handler=keeping)
+    time.sleep(0.5)
+
+    def failures() -> int:
+        with db.connect() as c:
+            return int(
+                c.scalar(
+                    select(func.count())
+                    .select_from(OutboxEvent)
+                    .where(
+                        OutboxEvent.aggregate_id == shot.photo_id, OutboxEvent.event_type == "photo.failed"
+                    )
+                )
+                or 0
+            )
+
+    assert failures() == 2
+
+    # WHEN S3 delivers the first upload's notification once more, late (at least once, any order)
+    infra.sqs.send_message(QueueUrl=infra.queues.url, MessageBody=first)
+    drain(infra, lambda: False, timeout=10)
+
+    # THEN nothing was reopened: no third attempt at the photo, no third photo.failed event
+    assert failures() == 2, f"an older upload's event reopened the failed job: job {job(db, shot.photo_id)}"
+
+
+def last_attempt_lost(db: Engine) -> uploads.Upload:
+    """A registered photo whose three attempts died with their workers, the last one's claim stale."""
+    shot = uploads.register(db, STAGE, "Garden.jpg")
+    an_hour_ago = func.now() - timedelta(hours=1)
+    with db.begin() as c:
+        c.execute(
+            update(PhotoJob)
+            .where(PhotoJob.photo_id == shot.photo_id)
+            .values(
+                in_state(status="active", attempt=3, claimed_at=an_hour_ago, attempt_started_at=an_hour_ago)
+            )
+        )
+    return shot
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_with_its_worker_is_processed(
+    infra: Infra, db: Engine
+) -> None:
+    """The state machine (issue 21's find runs): a new upload's record reached a job whose third
+    attempt lay with a dead worker; the lost attempts were paged as WORKER_LOST and the photo failed
+    for good, the user's new file never processed (the attempts lost were not this upload's)."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    shot = last_attempt_lost(db)
+
+    # WHEN the user uploads a new file, and its notification reaches the process function
+    uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the loss was paged, and the new upload was processed: the photo is published
+    assert (shot.photo_id, "WORKER_LOST") in letter_codes(infra)
+    assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}"
+
+
+def test_a_new_upload_that_finds_the_last_attempt_lost_comes_back_while_the_losss_letter_is_held(
+    infra: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, when the reopen is refused because the loss's letter is held (sent, but the write
+    that settles it failed): the record was acknowledged and the new file never processed."""
+    # GIVEN a photo whose three attempts died with their workers, the last one's claim stale
+    infra.configure(stale_after_seconds=2)  # a held letter's lease: the record comes back after it
+    shot = last_attempt_lost(db)
+    # ... and the database refuses the write that settles the loss's letter, once
+    settle = machine.settle_letters
+    calls: list[int] = []
+
+    def refused_once(connection: Any, letters: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise PhotoError(ErrorCode.DATABASE_UNAVAILABLE, "injected")
+        settle(connection, letters)
+
+    monkeypatch.setattr(machine, "settle_letters", refused_once)
+
+    # WHEN the user uploads a new file; its notification comes back until the letter's lease passed
+    uploads.put_original(infra.s3, BUCKET, shot.key, small("Garden.jpg"))
+    drain(infra, published(db, shot.photo_id))
+
+    # THEN the new upload was processed
+    assert photo(db, shot.photo_id)[0] == "ready", f"job {job(db, shot.photo_id)}, queued {queued(infra)}"

@@ -70,26 +70,28 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVar
 from photo_publish.adapters.queue import DeadLetterQueue
 from photo_publish.adapters.storage import OriginalReplaced, OriginalStream, S3Store
 from photo_publish.adapters.tables import photo_jobs
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.events import PhotoRequest, from_sqs_body
-from photo_publish.image import pipeline
-from photo_publish.jobs import backfill, machine
-from photo_publish.jobs.sweep import LETTER_RECEIVES, Sweeper
-from photo_publish.keys import Upload, parse_original_key, photo_prefixes
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     PHOTO_DELETED,
     PHOTO_FAILED,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
     PhotoFailedPayload,
 )
+from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.events import PhotoRequest, from_sqs_body
+from photo_publish.image import pipeline
+from photo_publish.jobs import backfill, machine
+from photo_publish.jobs.sweep import LETTER_RECEIVES, Sweeper
+from photo_publish.keys import Upload, parse_original_key, photo_prefixes
+from photo_publish.publish import repository
 from photo_publish.publish.delivery import Delivery, RetryLater
 from photo_publish.publish.outcomes import Outcome
-from photo_publish.publish.repository import PhotoRepository
 from photo_publish.publish.service import PhotoService
+from photo_publish.retry import PERMANENT
 from photo_publish.settings import Settings
 from tests.conftest import STAGE, TABLES, load_event
 from tests.faults import aws_fails
+from tests.rows import committed
 
 settings.register_profile(
     "ci", max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
@@ -367,7 +369,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.store, self.queue = Store(), Queue()
         LAST_LOOK.before = None
         self.queue.on_letter = self._letter_accepted
-        self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, self.settings)
+        self.service = PhotoService(self.engine, self.store, self.queue, self.settings)
         self.sweeper = self._sweeper(self.settings)
         # The photos in the rules' places; a new upload takes a deleted one's place.
         self.photos = [uploads.register(self.engine, STAGE, f"p{i}.jpg") for i in range(PHOTOS)]
@@ -540,7 +542,7 @@ class JobStateMachine(RuleBasedStateMachine):
 
     def _through_an_outage(self, body: str, receives: int) -> bool:
         """True if a receive acknowledged the notification (handed it on)."""
-        down = PhotoService(PhotoRepository(UNREACHABLE), self.store, self.queue, self.settings)
+        down = PhotoService(UNREACHABLE, self.store, self.queue, self.settings)
         delivery = Delivery(down, self.queue, self.settings, NO_METRICS)
         for count in range(1, receives + 1):
             try:
@@ -576,7 +578,9 @@ class JobStateMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, PHOTOS - 1))
     def a_worker_dies_holding_the_job(self, index: int) -> None:
-        PhotoRepository(self.engine).claim(
+        committed(
+            self.engine,
+            repository.claim,
             self.photos[index].photo_id,
             stale_after=self.settings.stale_after_seconds,
             max_attempts=self.settings.max_attempts,
@@ -773,7 +777,7 @@ class JobStateMachine(RuleBasedStateMachine):
 
     def _deploy(self, settings: Settings) -> None:
         self.settings = settings
-        self.service = PhotoService(PhotoRepository(self.engine), self.store, self.queue, settings)
+        self.service = PhotoService(self.engine, self.store, self.queue, settings)
         self.sweeper = self._sweeper(settings)
 
     def _sweeper(self, settings: Settings) -> Sweeper:
@@ -960,7 +964,7 @@ class JobStateMachine(RuleBasedStateMachine):
             ).all()
         dead = self.dead_letters()
         for photo_id, code in failed:
-            assert ((photo_id, ErrorCode(code)) in dead) != ErrorCode(code).permanent
+            assert ((photo_id, ErrorCode(code)) in dead) != (ErrorCode(code) in PERMANENT)
         with self.engine.connect() as connection:
             owed = connection.scalar(select(func.count()).where(PhotoJob.dead_letter_owed_at.is_not(None)))
         assert owed == 0, "a dead letter is still owed after the sweeps"
@@ -980,7 +984,7 @@ class JobStateMachine(RuleBasedStateMachine):
                 ).all()
             letters = self.letters_waiting()
             for photo_id, status, code in behind:
-                permanent = code is not None and ErrorCode(code).permanent
+                permanent = code is not None and ErrorCode(code) in PERMANENT
                 assert status == "failed" and (permanent or (photo_id, ErrorCode(str(code))) in letters), (
                     f"a photo marked for version {self.backfilling} stays behind with its job {status}"
                     f" ({code}) and no letter waiting"

@@ -1,4 +1,5 @@
-"""The sweep (SPEC 7) on a real PostgreSQL, sending to moto's SQS."""
+"""The sweep (SPEC 7) on a real PostgreSQL, sending to moto's SQS; and a deleted photo's letters, which
+the sweep and the operator's redrive take out of the dead-letter queue (SPEC 19)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import boto3
 import pytest
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Engine, func, insert, select, text, update
 
 from devkit import handlers, samples, stack, uploads
 from devkit.faultproxy import latency_proxy
@@ -26,15 +27,16 @@ from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob
 from photo_publish.adapters.queue import SqsQueue
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
+from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
 from photo_publish.jobs.sweep import Sweeper
-from photo_publish.outbox.contracts import PHOTO_FAILED, PhotoFailedPayload
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
 from tests.letters import dead_letters
-from tests.rows import in_state
+from tests.polling import poll_until
+from tests.rows import in_state, job
 
 MINUTE = timedelta(minutes=1)
 
@@ -542,3 +544,91 @@ def test_a_deleted_photos_letter_leaves_the_dead_letter_queue_at_the_next_sweep(
     # THEN the deleted photo's letter is gone from the queue; the failed photo's stays, visible
     assert result["lettersRemoved"] == 1
     assert dead_letter_photos(infra) == Counter({kept: 1})
+
+
+def failed_for_good(fast: Infra, db: Engine) -> uploads.Upload:
+    """A photograph whose every read of its original fails: three attempts, then failed for good."""
+    shot = uploads.upload(
+        db,
+        fast.s3,
+        BUCKET,
+        STAGE,
+        file_name="LadyBird.jpg",
+        data=(samples.IMAGES / "LadyBird.jpg").read_bytes(),
+    )
+    poll_until(fast, lambda: job(db, shot.photo_id)[0] == "failed")
+    return shot
+
+
+def test_a_deleted_photos_dead_letter_is_removed_by_the_redrive(fast: Infra, db: Engine) -> None:
+    """SPEC 16 (2): the DLQ holds a letter only for a photo that is failed. SPEC 17: deletion leaves
+    nothing behind. Here the user deletes a finally-failed photo (the common thing to do with a
+    broken tile); its letter stays in the DLQ (alarm > 0) and the operator's redrive refuses to
+    remove it, calling it 'an upload the API never registered'."""
+    with aws_fails(bootstrap.s3_client(), "GetObject"):
+        shot = failed_for_good(fast, db)
+    assert len(dead_letters(fast)) == 1
+
+    # WHEN the user deletes the failed photo
+    assert app_uploads.delete(
+        db, S3Store(fast.s3, BUCKET), fast.settings, shot.photo_id, caller=app_uploads.BACKEND
+    )
+
+    # AND the operator redrives the DLQ, as the alarm's runbook says
+    summary = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
+    print("redrive summary:", summary)
+    attrs = fast.sqs.get_queue_attributes(
+        QueueUrl=fast.queues.dead_letter_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    print("DLQ after the redrive:", attrs)
+    # THEN (promise) no letter remains for a photo that no longer exists
+    assert summary.left_in_queue == 0 and attrs == {
+        "ApproximateNumberOfMessages": "0",
+        "ApproximateNumberOfMessagesNotVisible": "0",
+    }, "a deleted photo's dead letter stays in the DLQ; every redrive leaves it there"
+    # AND a second redrive, after the letter's 300 s invisibility, would say the same (unknown photo)
+
+
+def test_a_letter_the_sweep_sends_as_the_photo_is_deleted_is_removed_by_the_sweep(
+    fast: Infra, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the brief names: a final failure whose letter is owed (the DLQ refused it once), the
+    sweep leases it, the user deletes the photo, the sweep sends it: a page for a deleted photo."""
+    with aws_fails(bootstrap.s3_client(), "GetObject"), aws_fails(bootstrap.sqs_client(), "SendMessage"):
+        shot = failed_for_good(fast, db)
+    with db.connect() as c:
+        owed = c.execute(
+            text("select dead_letter_owed_at from photo_jobs where photo_id=:p"), {"p": shot.photo_id}
+        ).scalar()
+    print("letter owed since", owed)
+    assert owed is not None and dead_letters(fast) == []
+    # the lease has passed (the sender that was refused released it)
+    with db.begin() as c:
+        c.execute(
+            text("update photo_jobs set dead_letter_owed_at = now() - interval '1 hour' where photo_id=:p"),
+            {"p": shot.photo_id},
+        )
+
+    real = SqsQueue.send_dead_letter
+
+    def deleted_meanwhile(self: SqsQueue, photo_id: uuid.UUID, *args: Any, **kw: Any) -> bool:
+        # the user's DELETE commits while the sweep holds the letter
+        assert app_uploads.delete(
+            db, S3Store(fast.s3, BUCKET), fast.settings, photo_id, caller=app_uploads.BACKEND
+        )
+        return real(self, photo_id, *args, **kw)
+
+    monkeypatch.setattr(SqsQueue, "send_dead_letter", deleted_meanwhile)
+    bootstrap.reset()
+    summary = run_sweep()
+    print("sweep summary:", json.dumps(summary))
+    left = dead_letters(fast)
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).select_from(Photo)) == 0
+    # THEN the letter on its way as the deletion committed landed, and the same run's sweep of the
+    # dead-letter queue removed it (SPEC 19: letters follow the photo)
+    assert left == [] and summary["lettersRemoved"] == 1
+    # AND a redrive finds nothing to do
+    redriven = operator.redrive(bootstrap.engine(), fast.sqs, fast.settings)
+    assert (redriven.messages_removed, redriven.left_in_queue, redriven.photos) == (0, 0, [])

@@ -1,5 +1,7 @@
-"""The upload function (SPEC 11, 17) on API Gateway's HTTP API events (payload 2.0), through its
-real parts: PostgreSQL, moto's S3, the process function and the sweep."""
+"""The upload function (SPEC 11, 17) on API Gateway's HTTP API events (payload 2.0), as the sample
+event and the gallery's stand-in shape them, through its real parts: PostgreSQL, moto's S3, the
+process function and the sweep. A malformed request is answered with its reason, never a crash; an
+unknown photo or route is 404; behind a JWT authorizer a photo is its registering user's."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from typing import Any
 
 import pytest
 import requests
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, func, select, text
 
-from devkit import handlers
+from devkit import gallery, handlers
 from devkit.poller import LambdaContext
-from photo_publish import bootstrap
+from photo_publish import bootstrap, uploads
+from photo_publish.adapters.models import Photo
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra, load_event
 from tests.integration.test_uploads import JPEG
@@ -46,6 +49,35 @@ def call(method: str, path: str, route: str, body: Any = None, **parameters: str
 
 def register(album_id: str, body: Any) -> dict[str, Any]:
     return call("POST", f"/albums/{album_id}/photos", "/albums/{albumId}/photos", body, albumId=album_id)
+
+
+def stand_in_event(
+    method: str, path: str, route: str, params: dict[str, str], body: str | None, *, b64: bool = False
+) -> dict[str, Any]:
+    """A request as the gallery's stand-in for API Gateway's HTTP API hands it over (payload 2.0)."""
+    data = b"" if body is None else (base64.b64decode(body) if b64 else body.encode())
+    answer = gallery.json_request(method, route, path, params, data)
+    if body == "":
+        answer["body"] = ""
+    return answer
+
+
+def stand_in_register(body: str | None, b64: bool = False) -> dict[str, Any]:
+    album = str(uuid.uuid4())
+    return upload.lambda_handler(
+        stand_in_event(
+            "POST", f"/albums/{album}/photos", "/albums/{albumId}/photos", {"albumId": album}, body, b64=b64
+        ),
+        LambdaContext(10, function_name="upload"),
+    )
+
+
+def stand_in_call(
+    method: str, path: str, route: str, params: dict[str, str], body: str | None = None
+) -> dict[str, Any]:
+    return upload.lambda_handler(
+        stand_in_event(method, path, route, params, body), LambdaContext(10, function_name="upload")
+    )
 
 
 def test_a_registration_answers_201_with_a_post_that_publishes(infra: Infra, db: Engine) -> None:
@@ -79,6 +111,15 @@ def test_a_registration_answers_201_with_a_post_that_publishes(infra: Infra, db:
     assert again["statusCode"] == 404
     unknown = call("GET", f"/photos/{photo_id}", "/photos/{photoId}", photoId=str(photo_id))
     assert unknown["statusCode"] == 404
+
+
+def test_an_unknown_photo_or_route_is_404(infra: Infra, db: Engine) -> None:
+    for method in ("GET", "DELETE"):
+        for pid in (str(uuid.uuid4()), "nonsense", str(uuid.uuid4()).upper()):
+            a = stand_in_call(method, f"/photos/{pid}", "/photos/{photoId}", {"photoId": pid})
+            assert a["statusCode"] == 404, (method, pid, a)
+    a = stand_in_call("PUT", "/photos/x", "/photos/{photoId}", {"photoId": "x"})
+    assert a["statusCode"] == 404
 
 
 def test_a_photo_deleted_through_the_api_leaves_the_cdn_at_once(infra: Infra, db: Engine) -> None:
@@ -205,6 +246,56 @@ def test_a_request_without_a_usable_subject_is_401_and_touches_no_photo(
     assert request("GET", path, "/photos/{photoId}", jwt("alice"), photoId=photo) == 200
 
 
+def _with_jwt(e: dict[str, Any], sub: str) -> dict[str, Any]:
+    """The event behind the JWT authorizer, with `sub`'s token."""
+    e["headers"]["authorization"] = f"Bearer token-of-{sub}"
+    return as_caller(e, jwt(sub, aud="app"))
+
+
+def test_behind_a_jwt_authorizer_only_the_user_who_registered_a_photo_reads_or_deletes_it(
+    infra: Infra, db: Engine
+) -> None:
+    """SPEC 17, who may call: behind a JWT authorizer the function is called with end users' tokens,
+    and a photo's id is in every URL of its variants: seeing an image must not be enough to delete
+    it. The token's subject that registered a photo owns it."""
+    album = str(uuid.uuid4())
+    body = '{"fileName": "alice.jpg", "contentType": "image/jpeg"}'
+    e = stand_in_event(
+        "POST", f"/albums/{album}/photos", "/albums/{albumId}/photos", {"albumId": album}, body
+    )
+    made = upload.lambda_handler(_with_jwt(e, "alice"), LambdaContext(10, function_name="upload"))
+    assert made["statusCode"] == 201
+    photo = json.loads(made["body"])["photoId"]
+
+    def as_user(method: str, sub: str) -> int:
+        e = stand_in_event(method, f"/photos/{photo}", "/photos/{photoId}", {"photoId": photo}, None)
+        answer: dict[str, Any] = upload.lambda_handler(
+            _with_jwt(e, sub), LambdaContext(10, function_name="upload")
+        )
+        return int(answer["statusCode"])
+
+    # another user's token is answered as for an unknown photo, and changes nothing
+    assert (as_user("GET", "mallory"), as_user("DELETE", "mallory")) == (404, 404)
+    assert as_user("GET", "alice") == 200
+    # the owner's deletion goes through; the app's backend (AWS_IAM, no token) may delete any photo
+    assert as_user("DELETE", "alice") == 204
+    again = uploads.register(
+        db,
+        infra.s3,
+        infra.settings,
+        album_id=album,
+        file_name="b.jpg",
+        content_type="image/jpeg",
+        caller=uploads.User("alice"),
+    )
+    assert (
+        stand_in_call(
+            "DELETE", f"/photos/{again.photo_id}", "/photos/{photoId}", {"photoId": str(again.photo_id)}
+        )["statusCode"]
+        == 204
+    )
+
+
 # --- albums behind the JWT authorizer ---------------------------------------------------------------
 
 
@@ -271,6 +362,63 @@ def test_a_base64_body_that_is_not_base64_is_400(infra: Infra, db: Engine) -> No
     answer = upload.lambda_handler(event, LambdaContext())
     assert answer["statusCode"] == 400
     assert json.loads(answer["body"])["reason"] == "BODY_INVALID"
+
+
+@pytest.mark.parametrize(
+    ("body", "b64", "status"),
+    [
+        # a lone surrogate is valid JSON ("\ud800") but no UTF-8: cleaned away like a control
+        ('{"fileName": "a\\ud800.jpg", "contentType": "image/jpeg", "size": 10}', False, 201),
+        # a content type of the wrong JSON type: unhashable in `not in ACCEPTED_TYPES`
+        ('{"fileName": "a.jpg", "contentType": ["image/jpeg"], "size": 10}', False, 400),
+        ('{"fileName": "a.jpg", "contentType": {"x": 1}, "size": 10}', False, 400),
+        # a base64 body that is not UTF-8 (API Gateway base64-encodes a binary body)
+        (base64.b64encode(b"\xff\xfe{}").decode(), True, 400),
+    ],
+    ids=["lone-surrogate-file-name", "content-type-list", "content-type-object", "base64-not-utf8"],
+)
+def test_a_malformed_registration_is_answered_never_a_crash(
+    infra: Infra, db: Engine, body: str, b64: bool, status: int
+) -> None:
+    """SPEC 17: bad requests get 400 with a reason (a crash is API Gateway's 500)."""
+    answer = stand_in_register(body, b64)
+    assert answer["statusCode"] == status, answer
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).select_from(Photo)) == (status == 201)
+    if status == 400:
+        assert json.loads(answer["body"])["reason"] in ("BODY_INVALID", "CONTENT_TYPE_UNSUPPORTED")
+    else:
+        assert json.loads(answer["body"])["key"].endswith("/a.jpg")
+
+
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (None, 400),
+        ("", 400),
+        ("[]", 400),
+        ("nul", 400),
+        ('"x"', 400),
+        ('{"fileName": "..", "contentType": "image/jpeg"}', 400),
+        ('{"fileName": "a.jpg", "contentType": "image/jpeg", "size": "10"}', 400),
+        ('{"fileName": "a.jpg", "contentType": "image/jpeg", "size": true}', 400),
+        ('{"fileName": "a.jpg", "contentType": "image/jpeg", "size": 1e400}', 400),
+        ('{"fileName": "a.jpg", "contentType": "image/svg+xml"}', 400),
+        ('{"fileName": "a.jpg", "contentType": "image/jpeg", "size": 104857601}', 400),
+        ('{"fileName": "' + "\u00e9" * 300 + '.jpeg", "contentType": "image/jpeg"}', 201),
+        # a right-to-left override (shown as "exe.jpg") is a format character: cleaned away
+        ('{"fileName": "\u202egpj.exe", "contentType": "image/jpeg"}', 201),
+    ],
+)
+def test_a_registration_is_refused_or_cleaned(
+    infra: Infra, db: Engine, body: str | None, status: int
+) -> None:
+    answer = stand_in_register(body)
+    assert answer["statusCode"] == status, answer
+    if status == 201:
+        name = json.loads(answer["body"])["key"].rsplit("/", 1)[1]
+        assert len(name.encode()) <= 255
+        assert "\u202e" not in name
 
 
 def members(method: str, authorizer: Any, album_id: str, user_id: str) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The app's side (SPEC 17) through its real parts: a registration's POST to S3 (moto's server),
-the process function, the status a client polls, and deletion, racing renders included.
+the process function, the status a client polls (a failed photo given its attempts again is
+processing), and deletion, racing renders included, with what outlives it: no retired variant's row,
+delete markers that expire with the versions under them.
 
 moto's S3 accepts a browser's POST and stores the object, but does not check the policy it
 carries (a wrong size, type or key is stored all the same): what S3 refuses is shown against
@@ -13,25 +15,30 @@ import json
 import threading
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 import requests
+import yaml
 from sqlalchemy import Engine, func, select, text, update
 
 from devkit import handlers, samples
+from devkit import uploads as dev_uploads
 from devkit.poller import LambdaContext
 from photo_publish import bootstrap, operator, uploads
-from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant
+from photo_publish.adapters.models import OutboxEvent, Photo, PhotoJob, PhotoVariant, RetiredVariant
 from photo_publish.adapters.storage import S3Store
 from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
+from photo_publish.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
 from photo_publish.keys import photo_prefixes
-from photo_publish.outbox.contracts import PHOTO_DELETED, PHOTO_PUBLISHED, PhotoDeletedPayload
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.network_guard import GUARD
-from tests.polling import poll_until
-from tests.rows import published
+from tests.polling import poll_until, sweep
+from tests.rows import job, published
+from tests.template.test_template import CfnLoader
 
 JPEG = (samples.IMAGES / "Garden.jpg").read_bytes()
 
@@ -189,6 +196,37 @@ def test_a_failed_photo_says_why_in_words(infra: Infra, db: Engine) -> None:
     )
 
 
+def test_status_says_processing_while_a_failed_photo_is_given_its_attempts_again(
+    infra: Infra, db: Engine
+) -> None:
+    """SPEC 17 / issue 22 item 2: the status answers 'the state'. After an operator retry (or a
+    new upload that reopens the job) the job is pending again, yet the answer stays
+    state=failed with the old error: a polling client (the gallery's watch() returns on 'failed')
+    stops and never sees the photo published."""
+    reg = uploads.register(
+        db,
+        infra.s3,
+        infra.settings,
+        album_id=str(uuid.uuid4()),
+        file_name="a.jpg",
+        content_type="image/jpeg",
+        caller=uploads.BACKEND,
+    )
+    requests.post(reg.url, data=reg.fields, files={"file": ("a.jpg", b"not a picture")}, timeout=30)
+    poll_until(infra, lambda: uploads.status(db, reg.photo_id, caller=uploads.BACKEND)["state"] == "failed")
+
+    # the user uploads the real file again with the same (still valid) POST: the job reopens
+    data = (samples.IMAGES / "Garden.jpg").read_bytes()
+    requests.post(reg.url, data=reg.fields, files={"file": ("a.jpg", data)}, timeout=30)
+    # (the operator's retry does the same: operator.reset_failed)
+    operator.reset_failed(bootstrap.engine(), [reg.photo_id])
+    print("job:", job(db, reg.photo_id))
+    answer = uploads.status(db, reg.photo_id, caller=uploads.BACKEND)
+    print("status:", {k: answer[k] for k in ("state", "errorCode", "error")})
+    assert job(db, reg.photo_id)[0] == "pending"
+    assert answer["state"] == "processing", "status says failed for a photo whose job is pending again"
+
+
 def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
     infra: Infra, db: Engine
 ) -> None:
@@ -219,6 +257,82 @@ def test_a_deleted_photo_leaves_no_object_no_row_and_one_photo_deleted_event(
     # AND a second deletion is an unknown photo's
     assert not uploads.delete(db, store, infra.settings, registration.photo_id, caller=uploads.BACKEND)
     assert uploads.status(db, registration.photo_id, caller=uploads.BACKEND) is None
+
+
+@pytest.mark.usefixtures("recipe_before_the_ladder")
+def test_a_deleted_photo_that_was_rerendered_leaves_no_retired_variant_rows(
+    infra: Infra, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SPEC 17: 'its rows ... go'. A photo re-rendered by a backfill has retired_variants rows (the
+    old version's keys, photo_id); deletion leaves them (no FK, not in machine.delete) until the
+    grace period, VARIANT_GRACE_SECONDS = 7 days, and they are not among docs/integrating.md's
+    'what outlives a deletion'."""
+    shot = dev_uploads.upload(
+        db, infra.s3, BUCKET, STAGE, file_name="Garden.jpg", data=(samples.IMAGES / "Garden.jpg").read_bytes()
+    )
+    poll_until(infra, published(db, shot.photo_id))
+    infra.configure(thumb_size=320, variant_version=2, backfill_spread_seconds=0)
+    operator.main(["rerender", "--all"])
+    capsys.readouterr()
+    sweep()
+    poll_until(infra, lambda: _variant_version(db, shot.photo_id) == 2)
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).select_from(RetiredVariant)) > 0
+
+    assert uploads.delete(
+        db, S3Store(infra.s3, BUCKET), infra.settings, shot.photo_id, caller=uploads.BACKEND
+    )
+    with db.connect() as c:
+        rows = c.execute(
+            select(RetiredVariant.storage_key, RetiredVariant.delete_after).where(
+                RetiredVariant.photo_id == shot.photo_id
+            )
+        ).all()
+    print("rows left for the deleted photo in retired_variants:", rows)
+    assert rows == [], "the deleted photo keeps rows (its keys, its id) in retired_variants"
+
+
+def _variant_version(db: Engine, photo_id: UUID) -> int | None:
+    with db.connect() as c:
+        return c.scalar(select(Photo.variant_version).where(Photo.id == photo_id))
+
+
+def test_a_deleted_photos_delete_markers_expire_with_its_versions(infra: Infra, db: Engine) -> None:
+    """SPEC 17: 'the copies that outlive a deletion ... are said, with their retention as
+    parameters'. The template's bucket is versioned; the deletion (S3Store.delete_under, a plain
+    DeleteObject) leaves a delete marker per key, whose key is the user's cleaned file name. The
+    lifecycle has NoncurrentVersionExpiration only: per AWS (ManagingDelMarkers), an expired object
+    delete marker is removed only when the configuration expires current versions or sets
+    ExpiredObjectDeleteMarker. Neither is set, so the markers (file names) stay for ever."""
+    rules = yaml.load(Path("template.yaml").read_text(), Loader=CfnLoader)["Resources"]["PhotoBucket"][
+        "Properties"
+    ]["LifecycleConfiguration"]["Rules"]
+    print("PhotoBucket lifecycle rules:", rules)
+
+    # the same bucket settings on moto's server: versioned, a photo's original and variants, deleted
+    bucket = f"versioned-{uuid.uuid4().hex[:8]}"
+    infra.s3.create_bucket(Bucket=bucket)
+    infra.s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    album, photo = uuid.uuid4(), uuid.uuid4()
+    name = "Jane Doe - passport scan.jpg"
+    keys = [
+        f"{STAGE}/originals/albums/{album}/{photo}/{name}",
+        f"{STAGE}/albums/{album}/variants/{photo}/1/thumb.webp",
+    ]
+    for key in keys:
+        infra.s3.put_object(Bucket=bucket, Key=key, Body=(samples.IMAGES / "Garden.jpg").read_bytes())
+    assert S3Store(infra.s3, bucket).delete_under(photo_prefixes(STAGE, album, photo))
+    listed = infra.s3.list_object_versions(Bucket=bucket, Prefix=f"{STAGE}/")
+    markers = [m["Key"] for m in listed.get("DeleteMarkers", [])]
+    versions = [v["Key"] for v in listed.get("Versions", [])]
+    print("after the deletion: noncurrent versions", versions, "delete markers", markers)
+    assert markers  # what the lifecycle must eventually remove
+    removes_markers = any(
+        (r.get("ExpiredObjectDeleteMarker") or (r.get("ExpirationInDays") is not None))
+        and r.get("Status") == "Enabled"
+        for r in rules
+    )
+    assert removes_markers, "no lifecycle rule removes expired delete markers: the file names stay for ever"
 
 
 def test_an_album_erasure_reaches_the_cdn_in_a_bounded_number_of_calls(

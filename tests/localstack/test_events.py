@@ -17,8 +17,8 @@ from devkit import handlers, samples, stack, uploads
 from devkit.poller import LambdaContext
 from photo_publish import bootstrap
 from photo_publish.adapters.models import OutboxEvent
+from photo_publish.contracts import PhotoFailedPayload, PhotoPublishedPayload
 from photo_publish.errors import ErrorCode
-from photo_publish.outbox.contracts import PhotoFailedPayload, PhotoPublishedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails
 from tests.localstack.flow import arrived

@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 from devkit import handlers, samples, stack
 from devkit.poller import LambdaContext
 from photo_publish import bootstrap, uploads
-from photo_publish.outbox.contracts import PHOTO_PUBLISHED, PhotoPublishedPayload
+from photo_publish.contracts import PHOTO_PUBLISHED, PhotoPublishedPayload
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.localstack.flow import arrived, counts, outbox
 from tests.polling import poll_until

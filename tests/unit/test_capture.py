@@ -39,9 +39,9 @@ from devkit.exif import (
     short,
     text,
 )
+from photo_publish.contracts import NO_CAPTURE, Capture, Location
 from photo_publish.image import capture
 from photo_publish.image.pipeline import RenderOptions, render
-from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Location
 
 CAMERA, PARIS, CAMERA_WITH_POSITION = exif.CAMERA, exif.PARIS, exif.CAMERA_WITH_POSITION
 

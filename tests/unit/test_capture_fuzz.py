@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit import exif, samples
+from photo_publish.contracts import MAX_CAPTURE_TEXT, Capture, Location
 from photo_publish.image import capture
 from photo_publish.image.pipeline import RenderOptions, render
-from photo_publish.outbox.contracts import MAX_CAPTURE_TEXT, Capture, Location
 
 # Enough to say why for four problems and how many more.
 MAX_PROBLEM = 4 * 200 + 40

@@ -1,4 +1,4 @@
-"""The photo.published payload (SPEC 4.2, 13, 18) and the closed set of error codes (SPEC 5)."""
+"""The photo.published payload (SPEC 4.2, 13, 18)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from uuid import UUID
 
 import pytest
 
-from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     NO_CAPTURE,
     Capture,
     InvalidPayload,
@@ -567,32 +566,3 @@ def test_a_consumer_refuses_a_document_that_is_no_object(changed: Any) -> None:
     # WHEN / THEN a consumer refuses it
     with pytest.raises(InvalidPayload, match=r"^payload must be an object"):
         PhotoPublishedPayload.from_json(changed)
-
-
-# Error codes (SPEC 5): the user's bad input is permanent, everything else may succeed next time.
-PERMANENT = {
-    ErrorCode.ORIGINAL_NOT_FOUND,
-    ErrorCode.ORIGINAL_TOO_LARGE,
-    ErrorCode.UNSUPPORTED_FORMAT,
-    ErrorCode.DECODE_FAILED,
-    ErrorCode.DIMENSIONS_EXCEEDED,
-    ErrorCode.ENCODE_FAILED,
-    # Past the render's own deadline: the file's fault, no attempt renders it faster.
-    ErrorCode.RENDER_TIME_EXCEEDED,
-}
-
-
-def test_the_permanent_codes_are_exactly_the_users_bad_input() -> None:
-    # GIVEN / WHEN every code is classified
-    # THEN exactly the bad-input codes are permanent
-    assert {code for code in ErrorCode if code.permanent} == PERMANENT
-
-
-@pytest.mark.parametrize("code", list(ErrorCode))
-def test_a_photo_error_is_permanent_exactly_when_its_code_is(code: ErrorCode) -> None:
-    # GIVEN a failure with a code of the closed set
-    error = PhotoError(code, "detail for the logs")
-
-    # WHEN / THEN it is classified by its code alone, as a bool
-    assert error.permanent is (code in PERMANENT)
-    assert error.code == code

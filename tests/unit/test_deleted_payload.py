@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from photo_publish.outbox.contracts import InvalidPayload, PhotoDeletedPayload
+from photo_publish.contracts import InvalidPayload, PhotoDeletedPayload
 
 
 def test_a_deleted_payload_round_trips_in_utc() -> None:

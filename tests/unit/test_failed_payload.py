@@ -9,8 +9,9 @@ from uuid import UUID
 
 import pytest
 
+from photo_publish.contracts import InvalidPayload, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
-from photo_publish.outbox.contracts import InvalidPayload, PhotoFailedPayload
+from photo_publish.retry import PERMANENT
 
 ALBUM_ID = UUID("7d3c6a52-1f0e-4b59-9a57-2a1f1c0f4e11")
 PHOTO_ID = UUID("0b9f2d4e-8c61-4f6a-b2a3-6d5e4c3b2a10")
@@ -56,7 +57,7 @@ def test_the_json_has_the_camel_case_keys_a_consumer_reads() -> None:
 @pytest.mark.parametrize("code", list(ErrorCode))
 def test_every_error_code_round_trips_through_a_consumers_reading(code: ErrorCode) -> None:
     # GIVEN the JSON of a failure with any code of the closed set
-    original = payload(error_code=code, kind="permanent" if code.permanent else "final")
+    original = payload(error_code=code, kind="permanent" if code in PERMANENT else "final")
 
     # WHEN a consumer reads it
     read_back = PhotoFailedPayload.from_json(json.loads(json.dumps(original.to_json())))

@@ -1,7 +1,7 @@
 """Every accepted format at the pixel limit publishes within the function's memory (SPEC 3, amended).
 
 The photos are devkit/fullsize.py's (100 MP, the 48 MP camera's progressive JPEG among them), made
-once into .local/fullsize (a few minutes the first time). Each is rendered by the real render() in a
+once into .local/fullsize/<what made them> (a few minutes the first time). Each is rendered by the real render() in a
 fresh process, as the process function renders it at the template's memory (a shared slot, or again
 alone: benchmarks/child.py's --as-function), its peak resident memory read from the kernel.
 """

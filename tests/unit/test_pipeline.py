@@ -3,6 +3,10 @@
 Pixel comparisons use the mean absolute difference over all bands, on 0-255. The noise floor is the
 WebP encoding itself: the browse of the sRGB LadyBird.jpg differs from libvips' or Pillow's own
 Lanczos downsizing of the same photo by about 1.9, so tolerances sit a little above that.
+
+Malformed files end in a code or in variants: each input `make fuzz` (devkit/fuzz.py) found is kept
+in tests/images/fuzz (see its README) and rendered in a child process under a memory cap
+(tests/capped.py), so that a crash or a balloon fails its test, not the run.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ import base64
 import dataclasses
 import io
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import pyvips
@@ -20,10 +27,11 @@ from PIL import Image, ImageCms
 from devkit import fullsize, hostile, samples
 from photo_publish.adapters.storage import OriginalStream
 from photo_publish.errors import ErrorCode, PhotoError
-from photo_publish.image import slots
+from photo_publish.image import frames, slots
 from photo_publish.image.pipeline import Readable, Rendered, RenderedVariant, RenderOptions, render
 from photo_publish.image.slots import DecodeBudget
 from photo_publish.image.thumbhash import thumbhash_to_rgba
+from photo_publish.retry import PERMANENT
 from photo_publish.settings import Settings
 from tests import capped
 from tests.readers import FailingReader, webp_chunks
@@ -36,6 +44,8 @@ TOLERANCE = 2.5
 # The only chunks a WebP without metadata has: no EXIF, XMP or ICCP.
 PIXEL_CHUNKS = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH"})
 METADATA_FIELDS = ("exif-data", "xmp-data", "icc-profile-data", "iptc-data")
+# The fuzzer's findings (`make fuzz`), one reproducer a file (see its README).
+FINDINGS = Path(__file__).resolve().parent.parent / "images" / "fuzz"
 
 
 class CountingReader:
@@ -286,7 +296,7 @@ def test_a_truncated_jpeg_fails_to_decode(upright_jpeg: bytes, keep: float) -> N
 
     # THEN the failure is a decode failure, a permanent one
     assert raised.value.code is ErrorCode.DECODE_FAILED
-    assert raised.value.permanent
+    assert raised.value.code in PERMANENT
 
 
 def test_a_pixel_bomb_is_refused_from_its_header_having_read_almost_nothing() -> None:
@@ -779,6 +789,21 @@ def test_an_animated_webp_renders_its_first_frame_only(upright: pyvips.Image) ->
     assert mean_difference(browse, small.invert()) > 50
 
 
+def test_a_gif_cut_to_its_first_frame_loses_its_disposal_restore_previous() -> None:
+    # GIVEN the 51-byte GIF whose only frame, 11280 x 4135, is to be disposed of by restoring the
+    # canvas (nsgif copied the whole canvas for it: 517 MB, over the bound)
+    data = bytearray((FINDINGS / "gif-restore-previous-11280x4135.gif").read_bytes())
+    control = data.index(b"\x21\xf9\x04") + 3
+    assert (data[control] >> 2) & 7 == 3
+
+    # WHEN it is cut to its first frame
+    frames.first_frame("gifload_source", data)
+
+    # THEN its disposal is unspecified, and nothing else of its control block changed
+    assert (data[control] >> 2) & 7 == 0
+    assert data[control] & ~0x1C == 0x0D & ~0x1C
+
+
 # --- The render deadline, enforced inside libvips ----------------------------------------------------
 
 
@@ -813,7 +838,7 @@ def test_a_render_past_its_deadline_is_stopped_inside_libvips(
     # ... with the code of the deadline that passed: the moment's (transient, retried later) or the
     # file's (permanent: no attempt will be faster)
     assert raised.value.code is code
-    assert raised.value.permanent is (code is ErrorCode.RENDER_TIME_EXCEEDED)
+    assert (raised.value.code in PERMANENT) is (code is ErrorCode.RENDER_TIME_EXCEEDED)
 
 
 def test_the_render_limits_default_to_the_settings_defaults() -> None:
@@ -830,3 +855,82 @@ def test_the_render_limits_default_to_the_settings_defaults() -> None:
     }
     for spec in limits:
         assert spec.default == settings[spec.name], spec.name
+
+
+# --- Malformed files: the inputs `make fuzz` found, each kept as a test ------------------------
+#
+# Each reproducer renders through the real pipeline in a child process under a memory cap
+# (tests/capped.py): a crash or a balloon costs the child, and fails the test, not the run.
+
+# Each reproducer and what it must come to now: the code of its refusal, or its rendered size.
+EXPECTED: dict[str, str | tuple[int, int]] = {
+    "heic-grid-without-ispe.heic": "DECODE_FAILED",
+    "heic-no-readable-image.heic": "DECODE_FAILED",
+    "heic-property-not-utf8.heic": "DECODE_FAILED",
+    "png-text-key-latin1.png": (8, 8),
+    "heic-exif-item-type-not-utf8.heic": "DECODE_FAILED",
+    "heic-clap-offset-outside.heic": "DECODE_FAILED",
+    "heic-clap-offset-negative.heic": "DECODE_FAILED",
+    "tiff-grey-4-float-bands.tif": (64, 64),
+    "gif-restore-previous-11280x4135.gif": (11280, 4135),
+}
+# The memory bound every render is held to (benchmarks/hostile.py, make fuzz).
+PEAK_MB = 400
+
+
+def test_every_reproducer_has_its_expectation() -> None:
+    assert sorted(path.name for path in FINDINGS.iterdir() if path.suffix != ".md") == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_a_fuzzer_finding_ends_in_a_code_or_in_variants(name: str) -> None:
+    # GIVEN an input the fuzzer found breaking the pipeline (an unexpected exception, a crash of the
+    # interpreter, variants not the size recorded for the photo)
+    data = (FINDINGS / name).read_bytes()
+
+    # WHEN it is rendered, in a child process under a memory cap
+    outcome = capped.render(data, timeout=60)
+
+    # THEN the child lived, and the file is refused with a code of the file's fault, or rendered,
+    # within the memory bound
+    expected = EXPECTED[name]
+    if isinstance(expected, str):
+        assert outcome.code == expected, outcome
+    else:
+        assert (outcome.code, outcome.size) == (None, expected), outcome
+    assert outcome.seconds < 5
+    assert outcome.peak_mb < PEAK_MB, outcome
+
+
+def test_pi_heif_itself_still_crashes_on_a_metadata_item_type_not_utf8() -> None:
+    # GIVEN the HEIC whose EXIF item is typed b"\xe1xif"
+    data = (FINDINGS / "heic-exif-item-type-not-utf8.heic").read_bytes()
+
+    # WHEN pi-heif opens it without the pipeline's check, in a child process
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys, pi_heif; pi_heif.open_heif(sys.stdin.buffer.read())"],
+        input=data,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+    # THEN the interpreter dies of a segmentation fault: what heic.check_names keeps libheif's
+    # readers from seeing (if this fails, pi-heif was fixed, and the check may be dropped)
+    assert child.returncode == -11, child
+
+
+def test_a_later_libvips_error_is_still_an_error_after_one_whose_text_is_not_utf8() -> None:
+    # GIVEN a file libvips refuses with its bytes quoted in the error's text, not UTF-8
+    quoting = (FINDINGS / "heic-property-not-utf8.heic").read_bytes()
+    truncated = samples.truncated(bytes(pyvips.Image.black(64, 64).pngsave_buffer()), 0.5)
+
+    # WHEN it is rendered, and then another broken file in the same process
+    codes = []
+    for data in (quoting, truncated):
+        with pytest.raises(PhotoError) as raised:
+            render(io.BytesIO(data), RenderOptions())
+        codes.append(raised.value.code)
+
+    # THEN both are DECODE_FAILED: the first did not leave libvips' error buffer undecodable
+    assert codes == [ErrorCode.DECODE_FAILED, ErrorCode.DECODE_FAILED]

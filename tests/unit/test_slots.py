@@ -74,7 +74,7 @@ def test_a_memory_too_small_for_one_render_is_a_configuration_error() -> None:
 
     # WHEN the process function asks what a render may hold
     with pytest.raises(InvalidSettings) as raised:
-        settings.decode_budget()
+        slots.decode_budget(settings)
 
     # THEN it is refused, naming the variables and what they would need
     message = str(raised.value)
@@ -82,7 +82,9 @@ def test_a_memory_too_small_for_one_render_is_a_configuration_error() -> None:
     assert "RENDER_CONCURRENCY (10)" in message
     assert "one render beside 9 records needs at least 528 MB" in message
     # AND the template's least memory holds the default concurrency
-    assert Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}).decode_budget().slot > 0
+    assert (
+        slots.decode_budget(Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"})).slot > 0
+    )
 
 
 def test_a_memory_too_small_for_the_renders_asked_renders_fewer_at_once() -> None:
@@ -93,7 +95,7 @@ def test_a_memory_too_small_for_the_renders_asked_renders_fewer_at_once() -> Non
     )
 
     # WHEN the process function asks what a render may hold
-    budget = settings.decode_budget(RESIDENT)
+    budget = slots.decode_budget(settings, RESIDENT)
 
     # THEN one renders at a time, in what is left, and the cold start's log line says so
     assert (budget.renders, budget.asked, budget.work) == (1, 2, RENDER_WORK + AVIF_WORK)
@@ -102,7 +104,8 @@ def test_a_memory_too_small_for_the_renders_asked_renders_fewer_at_once() -> Non
     assert "1 rendering of 2 asked, as many as the memory holds" in budget.describe()
     # AND with WebP alone, the two asked for fit
     assert (
-        Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}).decode_budget().renders == 2
+        slots.decode_budget(Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"})).renders
+        == 2
     )
 
 
@@ -111,7 +114,7 @@ def test_the_functions_memory_is_read_from_what_lambda_sets() -> None:
     settings = Settings.from_env(REQUIRED | {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "3008"})
 
     # WHEN the budget is derived, with this process's resident set
-    budget = settings.decode_budget(200 * MIB)
+    budget = slots.decode_budget(settings, 200 * MIB)
 
     # THEN it is the budget of that memory
     assert budget == DecodeBudget.of(memory_mb=3008, records=4, renders=2, resident=200 * MIB)
@@ -123,7 +126,7 @@ def test_a_render_outside_the_function_has_the_budget_of_the_default_settings() 
     settings = Settings(database_url="postgresql://u@h/db", photo_bucket="bucket", stage="dev")
 
     # THEN the pipeline's own defaults are that budget, alone (no gate outside the function)
-    assert settings.decode_budget() == slots.DEFAULT
+    assert slots.decode_budget(settings) == slots.DEFAULT
     options = RenderOptions()
     assert options.max_decode_buffer_bytes == slots.DEFAULT.whole
     assert options.shared_decode_buffer_bytes is None

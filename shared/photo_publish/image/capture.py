@@ -26,7 +26,7 @@ import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
-from photo_publish.outbox.contracts import MAX_CAPTURE_TEXT, NO_CAPTURE, Capture, Location
+from photo_publish.contracts import MAX_CAPTURE_TEXT, NO_CAPTURE, Capture, Location
 
 # Five times the largest block seen on a phone (a Xiaomi HEIC's, 192 KB: EXIF with its thumbnail);
 # a JPEG's cannot pass 64 KB. Larger is not read, so never copied either (pipeline._capture).

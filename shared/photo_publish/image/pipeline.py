@@ -27,10 +27,10 @@ from typing import Protocol, runtime_checkable
 
 import pyvips
 
+from photo_publish.contracts import NO_CAPTURE, Capture, Placeholder
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.image import capture, frames, heic, ladder, slots, thumbhash, tiff, vp8l
 from photo_publish.keys import VariantKind, ladder_kind
-from photo_publish.outbox.contracts import NO_CAPTURE, Capture, Placeholder
 from photo_publish.settings import AVIF_EFFORT, AVIF_QUALITY
 
 # Loaders an upload may use (by libvips' nickname); everything else is refused from its header.

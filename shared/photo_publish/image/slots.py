@@ -17,13 +17,16 @@ DIMENSIONS_EXCEEDED. Every render also holds its `work` beyond its header's figu
 AVIF_WORK more where the ladder is encoded in AVIF too), so RENDER_CONCURRENCY slots, each with its
 work, the reserves and the resident set add up to the function's memory.
 
-Stdlib only: settings.py derives the budget with it, and the sweep never loads libvips.
+Stdlib and the settings only: the process function derives its budget here without libvips, and
+the settings keep the plain numbers it is derived from.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from photo_publish.settings import TEMPLATE_MEMORY_MB, InvalidSettings, Settings
 
 MIB = 1 << 20
 # What glibc's heap keeps above the resident set measured at the cold start once renders have run
@@ -46,12 +49,10 @@ AVIF_WORK = 96 * MIB
 # for a render outside the function (tests, benchmarks, the fuzzer): measured 93-94 MB here (x86_64,
 # the handler's imports and clients), with room for the Lambda runtime's own.
 NOMINAL_RESIDENT = 128 * MIB
-# Lambda's memory, in its MB (MiB), at the template's default (ProcessMemorySize: one full vCPU).
-TEMPLATE_MEMORY_MB = 1769
 
 
 class TooSmall(ValueError):
-    """The function's memory cannot hold its renders at once (settings.py names the variables)."""
+    """The function's memory cannot hold its renders at once (`decode_budget` names the variables)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,34 @@ class DecodeBudget:
             f"in flight ({self.records} at once, {self.renders} rendering{fewer}); a render's own work "
             f"{self.work // MIB} MB"
         )
+
+
+def decode_budget(settings: Settings, resident: int | None = None) -> DecodeBudget:
+    """What a render's decoder may hold under `settings`, in a shared slot and alone, given this
+    process's resident set (measured where it can be, else the function's as measured here).
+
+    Asked by the process function only, when it builds its service (its first batch): the other
+    functions render nothing, whatever their memory. Memory too small for one render is a
+    configuration error, refused like any other setting (InvalidSettings).
+    """
+    memory, records, renders = (
+        settings.aws_lambda_function_memory_size,
+        settings.record_concurrency,
+        settings.render_concurrency,
+    )
+    try:
+        return DecodeBudget.of(
+            memory_mb=memory,
+            records=records,
+            renders=renders,
+            resident=NOMINAL_RESIDENT if resident is None else resident,
+            formats=settings.variant_formats,
+        )
+    except TooSmall as error:
+        raise InvalidSettings(
+            f"AWS_LAMBDA_FUNCTION_MEMORY_SIZE ({memory}) is too small for RECORD_CONCURRENCY "
+            f"({records}) and RENDER_CONCURRENCY ({renders}): {error}"
+        ) from None
 
 
 def render_work(formats: tuple[str, ...]) -> int:

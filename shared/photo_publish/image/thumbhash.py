@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pyvips
 
-from photo_publish.outbox.contracts import Placeholder
+from photo_publish.contracts import Placeholder
 
 if TYPE_CHECKING:
     import numpy as np

@@ -18,6 +18,7 @@ from uuid import UUID
 from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
 from photo_publish.adapters.models import Photo, PhotoJob
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
 from photo_publish.jobs import machine
 from photo_publish.settings import STALE_AFTER_SECONDS
@@ -75,7 +76,7 @@ class Estimate:
 
 def estimate(engine: Engine, version: int, selection: Selection) -> Estimate:
     """What `mark` would mark, and what re-rendering it would take (the dry run)."""
-    with engine.connect() as connection:
+    with unit_of_work(engine) as connection:
         photos = int(connection.scalar(select(func.count()).where(selection.where(version))) or 0)
     seconds = photos * RENDER_SECONDS_PER_PHOTO
     return Estimate(photos, seconds, seconds * FUNCTION_GB * PRICE_PER_GB_SECOND)
@@ -108,7 +109,7 @@ def mark(
     while True:
         if remaining() < reserve_seconds:
             return Marked(marked, out_of_time=True)
-        with engine.begin() as connection:
+        with unit_of_work(engine) as connection:
             ids = list(
                 connection.scalars(
                     select(Photo.id)
@@ -125,5 +126,5 @@ def mark(
 
 def stop(engine: Engine) -> int:
     """Clear the marks the sweep has not sent yet; the number cleared (marking again resumes)."""
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         return machine.stop_rerender(connection)

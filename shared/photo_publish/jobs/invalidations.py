@@ -28,6 +28,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from photo_publish.adapters.cdn import MAX_WILDCARD_PATHS
 from photo_publish.adapters.tables import cdn_invalidations
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.keys import photo_prefixes
 
 # A recorded path waits this long for its deleter (objects deleted, then its own call) before the
@@ -93,7 +94,7 @@ def request_invalidations(connection: Connection, paths: Sequence[str]) -> None:
 def discard_invalidations(engine: Engine, limit: int = READ_LIMIT) -> int:
     """Waiting paths of a deployment with no CDN (the sweep knows no distribution): nothing serves
     them, so nothing is to invalidate. How many were dropped."""
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         oldest = select(cdn_invalidations.c.path).order_by(cdn_invalidations.c.requested_at).limit(limit)
         return len(
             connection.scalars(
@@ -106,7 +107,7 @@ def discard_invalidations(engine: Engine, limit: int = READ_LIMIT) -> int:
 
 def defer_invalidations(engine: Engine, paths: Sequence[str], seconds: float) -> None:
     """Paths whose objects S3 still holds (their deletion failed) wait for the sweep's purge."""
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         connection.execute(
             update(cdn_invalidations)
             .where(cdn_invalidations.c.path.in_(paths))
@@ -162,7 +163,7 @@ def send_invalidations(engine: Engine, cdn: Invalidator, *, paths: Sequence[str]
         .limit(READ_LIMIT)
         .with_for_update(skip_locked=True)
     )
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         rows = list(connection.scalars(taken))
         if not rows:
             return Sent()
@@ -177,7 +178,7 @@ def send_invalidations(engine: Engine, cdn: Invalidator, *, paths: Sequence[str]
         )
     # No transaction open while CloudFront answers.
     accepted = cdn.invalidate(call)
-    with engine.begin() as connection:
+    with unit_of_work(engine) as connection:
         if accepted:
             settled = connection.execute(
                 delete(cdn_invalidations).where(

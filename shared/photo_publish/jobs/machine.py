@@ -45,6 +45,7 @@ from photo_publish.adapters.tables import (
     photos,
     retired_variants,
 )
+from photo_publish.contracts import PhotoDeletedPayload, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.keys import Upload
 
@@ -542,8 +543,10 @@ def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attem
 def step_aside(connection: Connection, photo_id: UUID, attempt: int) -> bool:
     """The claimed attempt gives the job back, due at once: the upload it pinned was written over
     (SPEC 19), so it is no attempt's to render. The newer write's event claims it, or the sweep's
-    message (which reads the current object). The attempt count stays: it fences workers. False if
-    fenced out."""
+    message (which reads the current object). The attempt is given back, so a form posted again and
+    again never spends the retries of the upload that is finally read: fencing still holds, since a
+    fenced write needs the job active and the next claim takes the number up again. False if fenced
+    out."""
     stepped = connection.execute(
         update(photo_jobs)
         .where(_fenced(photo_id, attempt))
@@ -556,7 +559,8 @@ def step_aside(connection: Connection, photo_id: UUID, attempt: int) -> bool:
                 enqueued_at=None,
                 dead_letter_owed_at=None,
                 failed_at=None,
-                **_keep("attempt", "last_error_code", "rerender_to"),
+                attempt=photo_jobs.c.attempt - 1,
+                **_keep("last_error_code", "rerender_to"),
             )
         )
         .returning(photo_jobs.c.photo_id)
@@ -594,19 +598,6 @@ def release(connection: Connection, photo_id: UUID, attempt: int, code: ErrorCod
     return released.first() is not None
 
 
-@dataclass(frozen=True, slots=True)
-class MarkedFailed:
-    """A photo marked `processing_failed` by a failure, for its `photo.failed` event."""
-
-    photo_id: UUID
-    album_id: UUID
-    entity_version: int
-    failed_at: datetime
-    attempt: int
-    code: ErrorCode
-    final: bool
-
-
 def _failed_values(transition: Transition, code: ErrorCode, *, final: bool) -> dict[str, Any]:
     now = func.now()
     return _values(
@@ -626,11 +617,11 @@ def _failed_values(transition: Transition, code: ErrorCode, *, final: bool) -> d
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """A claimed attempt's failure recorded: its time (which names it) and the photo it marked
-    failed (none for a published photo)."""
+    """A claimed attempt's failure recorded: its time (which names it) and the `photo.failed` event
+    of the photo it marked failed (none for a published photo)."""
 
     failed_at: datetime
-    marked: list[MarkedFailed]
+    marked: list[PhotoFailedPayload]
 
 
 def fail(
@@ -652,8 +643,10 @@ def fail(
 
 def _mark_photos_failed(
     connection: Connection, attempts: dict[UUID, int], code: ErrorCode, *, final: bool
-) -> list[MarkedFailed]:
-    """The photos' processing columns after their jobs failed: only those not published."""
+) -> list[PhotoFailedPayload]:
+    """The photos' processing columns after their jobs failed: only those not published. Each
+    photo marked, its `photo.failed` event (its entity version unchanged: only a publication bumps
+    it)."""
     rows = connection.execute(
         update(photos)
         .where(photos.c.id.in_(attempts), photos.c.processing_state != "ready")
@@ -661,7 +654,15 @@ def _mark_photos_failed(
         .returning(photos.c.id, photos.c.album_id, photos.c.entity_version, photos.c.updated_at)
     ).all()
     return [
-        MarkedFailed(r.id, r.album_id, r.entity_version, r.updated_at, attempts[r.id], code, final)
+        PhotoFailedPayload(
+            photo_id=r.id,
+            album_id=r.album_id,
+            entity_version=r.entity_version,
+            error_code=code,
+            kind="final" if final else "permanent",
+            attempt=attempts[r.id],
+            failed_at=r.updated_at,
+        )
         for r in rows
     ]
 
@@ -833,9 +834,10 @@ def fail_lost(
     max_attempts: int,
     limit: int,
     photo_id: UUID | None = None,
-) -> tuple[list[OwedLetter], list[MarkedFailed]]:
+) -> tuple[list[OwedLetter], list[PhotoFailedPayload]]:
     """Stale active jobs with no attempts left failed finally with WORKER_LOST (one photo's, or a
-    batch): their letters (leased to the caller) and the photos marked failed."""
+    batch): their letters (leased to the caller) and the `photo.failed` events of the photos marked
+    failed."""
     exhausted = photo_jobs.c.attempt >= max_attempts
     if photo_id is not None:
         exhausted = and_(exhausted, photo_jobs.c.photo_id == photo_id)
@@ -1116,6 +1118,16 @@ class Deleted:
     original_key: str
     entity_version: int
     deleted_at: datetime
+
+    @property
+    def event(self) -> PhotoDeletedPayload:
+        """Its `photo.deleted` event: one version past the photo's last, so that it orders last."""
+        return PhotoDeletedPayload(
+            photo_id=self.photo_id,
+            album_id=self.album_id,
+            entity_version=self.entity_version + 1,
+            deleted_at=self.deleted_at,
+        )
 
 
 def delete(

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, and_, delete, exists, func, or_, select, update
 
 from photo_publish.adapters.queue import DeadLetter
 from photo_publish.adapters.tables import deleted_photos, outbox_events, photo_jobs, photos, retired_variants
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import invalidations, machine
@@ -226,14 +227,14 @@ class Sweeper:
         if depth is None or depth >= settings.backfill_max_queue_depth:
             logger.info("backfill waits for a shorter queue", depth=depth)
             return 0
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             taken = machine.start_rerender(connection, limit=settings.backfill_batch_size)
         # Spread over the time to the next run: new uploads queue behind a trickle, never a batch.
         unsent = self._send(summary, taken, spread_seconds=settings.backfill_spread_seconds)
         return len(taken) - len(unsent)
 
     def _backfill_left(self) -> int:
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             left = connection.scalar(select(func.count()).select_from(photo_jobs).where(machine.MARKED))
         return int(left or 0)
 
@@ -265,7 +266,7 @@ class Sweeper:
             .with_for_update(skip_locked=True)
             .cte("due")
         )
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             keys = list(
                 connection.scalars(
                     update(retired_variants)
@@ -277,7 +278,7 @@ class Sweeper:
         # No transaction open: S3 may take its time. Keys it could not delete wait out their lease.
         deleted = self._store.delete_variants(keys) if keys else []
         if deleted:
-            with self._engine.begin() as connection:
+            with unit_of_work(self._engine) as connection:
                 connection.execute(
                     delete(retired_variants).where(retired_variants.c.storage_key.in_(deleted))
                 )
@@ -290,7 +291,7 @@ class Sweeper:
         to the time left; tombstones past their retention go."""
         clock.batches(PURGE_FIRST_BATCH, self._batch_size, lambda limit: self._purge_batch(clock, limit))
         retention = timedelta(days=self._settings.tombstone_retention_days)
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             connection.execute(
                 delete(deleted_photos).where(deleted_photos.c.purged_at < func.now() - retention)
             )
@@ -304,22 +305,25 @@ class Sweeper:
             .with_for_update(skip_locked=True)
             .cte("due")
         )
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             leased = connection.execute(
                 update(deleted_photos)
                 .where(deleted_photos.c.photo_id == due.c.photo_id)
                 .values(purge_after=func.now() + self._lease())
                 .returning(deleted_photos.c.photo_id, deleted_photos.c.album_id)
             ).all()
-        # No transaction open: S3 may take its time. A photo not purged whole waits out its lease.
+        # No transaction open: S3 may take its time. A photo not purged whole, or not reached before
+        # the time ran out (a call can be far slower than the pace measured), waits out its lease.
         stage = self._settings.stage
-        purged = [
-            r.photo_id
-            for r in leased
-            if self._store.delete_under(photo_prefixes(stage, r.album_id, r.photo_id))
-        ]
+        purged = []
+        for row in leased:
+            if clock.left() <= 0:
+                clock.summary.out_of_time = True
+                break
+            if self._store.delete_under(photo_prefixes(stage, row.album_id, row.photo_id)):
+                purged.append(row.photo_id)
         if purged:
-            with self._engine.begin() as connection:
+            with unit_of_work(self._engine) as connection:
                 connection.execute(
                     update(deleted_photos)
                     .where(deleted_photos.c.photo_id.in_(purged))
@@ -344,7 +348,7 @@ class Sweeper:
                 if not letters:
                     break
                 named = {letter.photo_id for letter in letters if letter.photo_id is not None}
-                with self._engine.connect() as connection:
+                with unit_of_work(self._engine) as connection:
                     # A tombstone and no row: deleted (a letter naming no photo is a person's to read).
                     gone = set(
                         connection.scalars(
@@ -379,7 +383,7 @@ class Sweeper:
 
     def _take_due_pending(self) -> list[UUID]:
         """Stamp and return pending rows that waited SWEEP_AFTER_SECONDS past their due time."""
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             return machine.stamp_due(
                 connection, wait=timedelta(seconds=self._settings.sweep_after_seconds), limit=self._batch_size
             )
@@ -387,7 +391,7 @@ class Sweeper:
     def _requeue_lost(self) -> list[UUID]:
         """Stale active rows with attempts left: back to pending, stamped."""
         settings = self._settings
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             return machine.requeue_lost(
                 connection,
                 stale_after=settings.stale_after_seconds,
@@ -399,7 +403,7 @@ class Sweeper:
         """Stale active rows with none left: failed with WORKER_LOST, each photo's photo.failed event
         in the same transaction, and their letters this run's to send."""
         settings = self._settings
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             letters, marked = machine.fail_lost(
                 connection,
                 stale_after=settings.stale_after_seconds,
@@ -415,7 +419,7 @@ class Sweeper:
         Only letters owed for longer than STALE_AFTER_SECONDS: by then the worker that marked the
         failure has surely finished sending (or died), so a letter is sent twice only after a death.
         """
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             leased = machine.lease_letters(
                 connection, lease_seconds=self._settings.stale_after_seconds, limit=self._batch_size
             )
@@ -456,15 +460,15 @@ class Sweeper:
     def _still_owed(self, letters: list[OwedLetter]) -> list[OwedLetter]:
         if not letters:
             return []
-        with self._engine.connect() as connection:
+        with unit_of_work(self._engine) as connection:
             return machine.still_owed(connection, letters)
 
     def _release(self, letters: Sequence[OwedLetter]) -> None:
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             machine.release_letters(connection, letters, lease_seconds=self._settings.stale_after_seconds)
 
     def _settle(self, letters: Sequence[OwedLetter]) -> None:
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             machine.settle_letters(connection, letters)
 
     def _send(self, summary: SweepSummary, photo_ids: list[UUID], *, spread_seconds: float = 0) -> list[UUID]:
@@ -477,5 +481,5 @@ class Sweeper:
         return unsent
 
     def _unstamp(self, photo_ids: Sequence[UUID]) -> None:
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             machine.unstamp(connection, photo_ids)

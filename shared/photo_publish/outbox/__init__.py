@@ -1,1 +1,1 @@
-"""Events leave the database: the payloads (contracts) and the relay to EventBridge."""
+"""Events leave the database: the writer adds their rows with the change, the relay sends them."""

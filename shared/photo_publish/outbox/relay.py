@@ -9,8 +9,9 @@ has passed, with the same `eventId` (a duplicate, never a loss).
 
 A row is taken only when every older event of its photo was accepted, so a photo's events reach
 the bus in the order they were written (its `entityVersion` order), whatever failed in between.
-The process function hands its own event off the same way right after its commit (`hand_off`):
-one short try, and what it could not send stays for the scheduled relay.
+The process function hands its own event off the same way: its commit leases it (`lease`, in the
+transaction that wrote it), `hand_off` sends it right after with one short try, and what it could
+not send stays for the scheduled relay.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy import Connection, Engine, delete, exists, func, or_, select, tuple_, update
 
 from photo_publish.adapters.tables import deleted_photos, outbox_events
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
+from photo_publish.contracts import PHOTO_DELETED
 from photo_publish.observability import logger
-from photo_publish.outbox.contracts import PHOTO_DELETED
 from photo_publish.settings import Settings
 
 if TYPE_CHECKING:
@@ -226,8 +228,14 @@ class Relay:
         summary.oldest_unpublished_seconds = self._oldest_unpublished_seconds()
         return summary
 
-    def hand_off(self, photo_id: UUID, *, most: int = 3) -> HandOff:
-        """The photo's waiting events, oldest first, one try each; never raises.
+    def lease(self, connection: Connection, photo_id: UUID) -> list[Waiting]:
+        """The photo's oldest waiting event, leased inside the caller's transaction (the one that
+        wrote it) for the hand-off right after its commit: no transaction of the hand-off's own."""
+        return _take(connection, 1, lease=self._lease_seconds, photo_id=photo_id)
+
+    def hand_off(self, photo_id: UUID, leased: Sequence[Waiting] | None = None, *, most: int = 3) -> HandOff:
+        """The photo's waiting events, oldest first, one try each; never raises. `leased`: what the
+        commit leased for it (`lease`); by default the hand-off leases them itself.
 
         Right after a commit, its event is normally the photo's only waiting one. The first one not
         accepted ends the try (a later one must not overtake it): the relay sends what is left.
@@ -235,18 +243,18 @@ class Relay:
         started = time.perf_counter()
         sent = 0
         try:
-            for _ in range(most):
-                waiting = self._lease(1, photo_id=photo_id)
-                if not waiting:
-                    break
+            waiting = list(leased) if leased is not None else self._lease(1, photo_id=photo_id)
+            while waiting:
                 item = entry(waiting[0])
                 too_large = entry_size(item) > MAX_CALL_BYTES
                 (error,) = ["TooLarge"] if too_large else self._bus.put_entries([item])
-                self._settle(waiting, [] if error is not None else [waiting[0].id])
                 if error is not None:
+                    self._settle(waiting, [])
                     logger.warning("event not handed off", event_id=str(waiting[0].id), reason=error)
                     return HandOff(sent, True, time.perf_counter() - started)
                 sent += 1
+                # The next one, if the photo has another waiting, leased as this one is marked.
+                waiting = self._settle(waiting, [waiting[0].id], then=photo_id if sent < most else None)
         except Exception as error:
             # The record's own work is committed: nothing here may fail it. The relay delivers.
             logger.warning("event hand-off failed", photo_id=str(photo_id), reason=repr(error))
@@ -258,29 +266,32 @@ class Relay:
     ) -> list[Waiting]:
         """Waiting rows this relay may send, leased for longer than its calls can take (committed:
         the calls are made with no transaction open)."""
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             return _take(connection, limit, lease=self._lease_seconds, photo_id=photo_id, exclude=exclude)
 
-    def _settle(self, waiting: Sequence[Waiting], accepted: Sequence[UUID]) -> None:
+    def _settle(
+        self, waiting: Sequence[Waiting], accepted: Sequence[UUID], *, then: UUID | None = None
+    ) -> list[Waiting]:
         """The accepted rows published; the rest of the lease given back (refused or not tried: a
         later pass or run takes them), but for a photo deleted meanwhile: its deletion kept the rows
-        this relay was sending, and what the bus did not take is not to be told after it."""
-        given_back = (
-            outbox_events.c.id.in_([w.id for w in waiting]),
-            outbox_events.c.published_at.is_(None),
-        )
-        with self._engine.begin() as connection:
+        this relay was sending, and what the bus did not take is not to be told after it. `then`:
+        a photo whose next waiting event is leased in the same transaction, and returned."""
+        given_back = [w.id for w in waiting if w.id not in accepted]
+        with unit_of_work(self._engine) as connection:
             _mark_published(connection, accepted)
-            dropped = connection.execute(
-                delete(outbox_events).where(
-                    *given_back,
-                    outbox_events.c.event_type != PHOTO_DELETED,
-                    exists().where(deleted_photos.c.photo_id == outbox_events.c.aggregate_id),
-                )
-            ).rowcount
-            if dropped:
-                logger.info("events of photos deleted while they were sent dropped", count=dropped)
-            connection.execute(update(outbox_events).where(*given_back).values(leased_until=None))
+            if given_back:
+                back = (outbox_events.c.id.in_(given_back), outbox_events.c.published_at.is_(None))
+                dropped = connection.execute(
+                    delete(outbox_events).where(
+                        *back,
+                        outbox_events.c.event_type != PHOTO_DELETED,
+                        exists().where(deleted_photos.c.photo_id == outbox_events.c.aggregate_id),
+                    )
+                ).rowcount
+                if dropped:
+                    logger.info("events of photos deleted while they were sent dropped", count=dropped)
+                connection.execute(update(outbox_events).where(*back).values(leased_until=None))
+            return [] if then is None else _take(connection, 1, lease=self._lease_seconds, photo_id=then)
 
     def _send(self, waiting: list[Waiting], summary: RelaySummary, left: Remaining) -> _Sent:
         """PutEvents for the batch, 10 entries and 256 KB a call; only the entries that failed are
@@ -347,7 +358,7 @@ class Relay:
                 .limit(self._delete_batch_size)
                 .with_for_update(skip_locked=True)
             )
-            with self._engine.begin() as connection:
+            with unit_of_work(self._engine) as connection:
                 count = len(
                     connection.scalars(
                         delete(outbox_events)
@@ -362,7 +373,7 @@ class Relay:
 
     def _oldest_unpublished_seconds(self) -> float:
         """How long the oldest waiting event has waited (0 when none): the relay's alarm metric."""
-        with self._engine.begin() as connection:
+        with unit_of_work(self._engine) as connection:
             age = connection.scalar(
                 select(func.extract("epoch", func.now() - func.min(outbox_events.c.created_at))).where(
                     outbox_events.c.published_at.is_(None)
@@ -381,20 +392,15 @@ def _take(
 ) -> list[Waiting]:
     """Lease waiting rows for `lease` seconds, oldest first, each the oldest waiting event of its
     photo; rows another relay holds (locked or leased) are skipped, and so are the later events of
-    their photos."""
+    their photos. One statement: the rows are chosen, locked and leased at once."""
     older = outbox_events.alias("older").c
     an_older_one_waits = exists().where(
         older.aggregate_id == outbox_events.c.aggregate_id,
         older.published_at.is_(None),
         tuple_(older.created_at, older.id) < tuple_(outbox_events.c.created_at, outbox_events.c.id),
     )
-    stmt = (
-        select(
-            outbox_events.c.id,
-            outbox_events.c.event_type,
-            outbox_events.c.payload,
-            outbox_events.c.created_at,
-        )
+    chosen = (
+        select(outbox_events.c.id)
         .where(
             outbox_events.c.published_at.is_(None),
             or_(outbox_events.c.leased_until.is_(None), outbox_events.c.leased_until < func.now()),
@@ -405,17 +411,23 @@ def _take(
         .with_for_update(of=outbox_events, skip_locked=True)
     )
     if photo_id is not None:
-        stmt = stmt.where(outbox_events.c.aggregate_id == photo_id)
+        chosen = chosen.where(outbox_events.c.aggregate_id == photo_id)
     if exclude:
-        stmt = stmt.where(outbox_events.c.id.not_in(exclude))
-    taken = [Waiting(*row) for row in connection.execute(stmt)]
-    if taken:
-        connection.execute(
-            update(outbox_events)
-            .where(outbox_events.c.id.in_([w.id for w in taken]))
-            .values(leased_until=func.now() + timedelta(seconds=lease))
+        chosen = chosen.where(outbox_events.c.id.not_in(exclude))
+    taken = chosen.cte("taken")
+    rows = connection.execute(
+        update(outbox_events)
+        .where(outbox_events.c.id == taken.c.id)
+        .values(leased_until=func.now() + timedelta(seconds=lease))
+        .returning(
+            outbox_events.c.id,
+            outbox_events.c.event_type,
+            outbox_events.c.payload,
+            outbox_events.c.created_at,
         )
-    return taken
+    )
+    # RETURNING follows no order: the oldest first, as they were chosen.
+    return sorted((Waiting(*row) for row in rows), key=lambda w: (w.created_at, w.id))
 
 
 def _mark_published(connection: Connection, event_ids: Sequence[UUID]) -> None:

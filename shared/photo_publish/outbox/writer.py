@@ -9,8 +9,7 @@ from uuid import UUID
 from sqlalchemy import Connection, insert
 
 from photo_publish.adapters.tables import outbox_events
-from photo_publish.jobs.machine import Deleted, MarkedFailed
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
     PHOTO_DELETED,
     PHOTO_FAILED,
     PhotoDeletedPayload,
@@ -29,37 +28,16 @@ def append_published(connection: Connection, event_type: str, payload: PhotoPubl
     return event_id
 
 
-def append_failed(connection: Connection, marked: Sequence[MarkedFailed]) -> None:
+def append_failed(connection: Connection, payloads: Sequence[PhotoFailedPayload]) -> None:
     """One photo.failed event for each photo a failure marked `processing_failed`."""
-    rows = [
-        _row(
-            PHOTO_FAILED,
-            photo.photo_id,
-            PhotoFailedPayload(
-                photo_id=photo.photo_id,
-                album_id=photo.album_id,
-                entity_version=photo.entity_version,
-                error_code=photo.code,
-                kind="final" if photo.final else "permanent",
-                attempt=photo.attempt,
-                failed_at=photo.failed_at,
-            ).to_json(),
-        )
-        for photo in marked
-    ]
+    rows = [_row(PHOTO_FAILED, payload.photo_id, payload.to_json()) for payload in payloads]
     if rows:
         connection.execute(insert(outbox_events), rows)
 
 
-def append_deleted(connection: Connection, deleted: Deleted) -> None:
-    """The photo's last event: it is gone, one version past its last."""
-    payload = PhotoDeletedPayload(
-        photo_id=deleted.photo_id,
-        album_id=deleted.album_id,
-        entity_version=deleted.entity_version + 1,
-        deleted_at=deleted.deleted_at,
-    )
-    connection.execute(insert(outbox_events).values(_row(PHOTO_DELETED, deleted.photo_id, payload.to_json())))
+def append_deleted(connection: Connection, payload: PhotoDeletedPayload) -> None:
+    """The photo's last event: it is gone."""
+    connection.execute(insert(outbox_events).values(_row(PHOTO_DELETED, payload.photo_id, payload.to_json())))
 
 
 def _row(event_type: str, photo_id: UUID, payload: dict[str, object]) -> dict[str, Any]:

@@ -19,10 +19,6 @@ from photo_publish.publish.outcomes import Outcome, Result
 from photo_publish.publish.service import JobQueue, PhotoService
 from photo_publish.settings import Settings
 
-# Receives before the redrive's limit from which a record that must come back is handed on to a fresh
-# message instead (MAX_RECEIVE_COUNT - HAND_ON_SLACK onwards).
-HAND_ON_SLACK = 2
-
 
 class RetryLater(Exception):
     """Raised for a record the queue must deliver again (its visibility already set)."""
@@ -118,16 +114,12 @@ class Delivery:
         if not retries:
             return results
         delay = max(r.retry_in or 0 for r in retries)
-        if receive_count >= self._settings.max_receive_count - HAND_ON_SLACK:
+        if self._settings.retry.hands_on(receive_count):
             # The redrive would soon dead-letter this message although the job has attempts left:
-            # acknowledge it and let a fresh copy carry it on. Two receives early, so that a lost
-            # acknowledgement, a run that dies, or a hand-on whose send fails still leaves a receive
-            # to hand it on from: the soak saw a healthy photo's notification dead-lettered when the
-            # hand-on came on the last receive, and again when a run died on the one before it and
-            # the next one's send met an SQS error. The body itself,
-            # not a job message: an upload's record is what proves it (its key, sequencer and
-            # eTag), and only that reopens a failed job; records in it that did succeed arrive as
-            # duplicates.
+            # acknowledge it and let a fresh copy carry it on (how early: retry.HAND_ON_SLACK).
+            # The body itself, not a job message: an upload's record is what proves it (its key,
+            # sequencer and eTag), and only that reopens a failed job; records in it that did
+            # succeed arrive as duplicates.
             self._queue.send(body, delay)
             logger.info(
                 "handed on to a fresh message",

@@ -1,16 +1,17 @@
-"""The process function's transactions, each method one short one.
+"""The process function's statements that are not one transition, each run inside the caller's
+unit of work (`adapters.unit_of_work`): the reads that decide what to do (the photo; whether a claim
+still stands), the claim with the reason it was refused, the job ensured and told of an upload, an
+owed letter taken, the recipe recorded, a deleted photo's late upload.
 
 The job's and the photo's state change only through `photo_publish.jobs.machine`'s transitions:
 the photo's publication is its one conditional UPDATE (only one concurrent worker can win it), and
 every transition of a job out of `active` is conditioned on the attempt its worker claimed (the
-fencing token), so a worker whose job was taken over changes nothing. Here: the reads that decide
-what to do, and the publish transaction around its transitions (variants, outbox event).
+fencing token), so a worker whose job was taken over changes nothing. The service calls a single
+transition, and `publish.transaction`'s, itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
@@ -18,7 +19,6 @@ from uuid import UUID
 
 from sqlalchemy import (
     Connection,
-    Engine,
     and_,
     case,
     false,
@@ -28,8 +28,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from photo_publish.adapters.storage import UNNAMED, Pin
 from photo_publish.adapters.tables import (
@@ -38,22 +36,12 @@ from photo_publish.adapters.tables import (
     photos,
     variant_recipes,
 )
-from photo_publish.errors import ErrorCode, PhotoError
+from photo_publish.errors import ErrorCode
 from photo_publish.image.recipes import Recipe, mismatch
 from photo_publish.jobs import machine
+from photo_publish.jobs.machine import OwedLetter
 from photo_publish.keys import Upload
-from photo_publish.outbox import writer
-from photo_publish.outbox.contracts import (
-    NO_CAPTURE,
-    Capture,
-    Placeholder,
-)
-from photo_publish.publish import transaction
-from photo_publish.publish.transaction import PublishResult, StoredVariant
 from photo_publish.settings import STALE_AFTER_SECONDS
-
-# A final failure's dead letter that the queue has not accepted yet, now its holder's to send.
-OwedDeadLetter = machine.OwedLetter
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,298 +100,173 @@ class Exhausted:
 ClaimResult = Claimed | NotClaimable | Exhausted | None
 
 
-class PhotoRepository:
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        """One transaction; a database that cannot be reached, or loses the commit, is transient."""
-        try:
-            with self._engine.begin() as connection:
-                yield connection
-        except (DBAPIError, PoolTimeout) as error:
-            if not _unavailable(error):
-                raise
-            raise PhotoError(
-                ErrorCode.DATABASE_UNAVAILABLE, type(getattr(error, "orig", error)).__name__
-            ) from error
-
-    def ensure_recipe(self, version: int, recipe: Recipe) -> None:
-        """Record `version` as `recipe` if it is new; raise RecipeMismatch if it is another's."""
-        with self._transaction() as connection:
-            connection.execute(
-                insert(variant_recipes)
-                .values(version=version, fingerprint=recipe.fingerprint, recipe=recipe.as_record())
-                .on_conflict_do_nothing(index_elements=[variant_recipes.c.version])
-            )
-            recorded = connection.execute(
-                select(variant_recipes.c.fingerprint, variant_recipes.c.recipe).where(
-                    variant_recipes.c.version == version
-                )
-            ).one()
-        if refusal := mismatch(version, recorded.fingerprint, recorded.recipe, recipe):
-            raise refusal
-
-    def get_photo(self, photo_id: UUID, *, stale_after: int) -> PhotoRow | None:
-        worker_lost = or_(
-            and_(
-                photo_jobs.c.status == "active",
-                photo_jobs.c.claimed_at < func.now() - timedelta(seconds=stale_after),
-            ),
-            and_(
-                photo_jobs.c.status == "pending", photo_jobs.c.last_error_code == ErrorCode.WORKER_LOST.value
-            ),
+def ensure_recipe(connection: Connection, version: int, recipe: Recipe) -> None:
+    """Record `version` as `recipe` if it is new; raise RecipeMismatch if it is another's."""
+    connection.execute(
+        insert(variant_recipes)
+        .values(version=version, fingerprint=recipe.fingerprint, recipe=recipe.as_record())
+        .on_conflict_do_nothing(index_elements=[variant_recipes.c.version])
+    )
+    recorded = connection.execute(
+        select(variant_recipes.c.fingerprint, variant_recipes.c.recipe).where(
+            variant_recipes.c.version == version
         )
-        with self._transaction() as connection:
-            row = connection.execute(
-                select(
-                    photos.c.id,
-                    photos.c.album_id,
-                    photos.c.original_key,
-                    photos.c.processing_state,
-                    photos.c.variant_version,
-                    photo_jobs.c.rerender_to,
-                    func.coalesce(worker_lost, false()),
-                    photos.c.keep_location,
-                    func.coalesce(
-                        and_(
-                            photos.c.processing_state == "ready",
-                            photo_jobs.c.status == "pending",
-                            machine.picture_owed(),
-                        ),
-                        false(),
-                    ),
-                    photo_jobs.c.status,
-                )
-                .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
-                .where(photos.c.id == photo_id)
-            ).one_or_none()
-        return None if row is None else PhotoRow(*row)
+    ).one()
+    if refusal := mismatch(version, recorded.fingerprint, recorded.recipe, recipe):
+        raise refusal
 
-    def uploaded_after_deletion(self, photo_id: UUID, purge_in: timedelta) -> bool:
-        """An upload of a deleted photo (a browser's POST that raced the deletion, or finished after
-        it): its tombstone is purged once more after `purge_in`, the sweep deleting what came after
-        the deletion's own purge. False if the photo was never deleted."""
-        with self._transaction() as connection:
-            found = connection.scalar(
-                update(deleted_photos)
-                .where(deleted_photos.c.photo_id == photo_id)
-                .values(
-                    purged_at=None,
-                    purge_after=func.greatest(deleted_photos.c.purge_after, func.now() + purge_in),
-                )
-                .returning(deleted_photos.c.photo_id)
-            )
-        return found is not None
 
-    def ensure_job(
-        self, photo_id: UUID, *, upload: Upload | None = None, lease_seconds: int = STALE_AFTER_SECONDS
-    ) -> bool:
-        """The photo's job, created if the photo exists; a newer upload of its original reopens a
-        failed job, and the newest upload that reached the job is remembered.
+def get_photo(connection: Connection, photo_id: UUID, *, stale_after: int) -> PhotoRow | None:
+    worker_lost = or_(
+        and_(
+            photo_jobs.c.status == "active",
+            photo_jobs.c.claimed_at < func.now() - timedelta(seconds=stale_after),
+        ),
+        and_(photo_jobs.c.status == "pending", photo_jobs.c.last_error_code == ErrorCode.WORKER_LOST.value),
+    )
+    row = connection.execute(
+        select(
+            photos.c.id,
+            photos.c.album_id,
+            photos.c.original_key,
+            photos.c.processing_state,
+            photos.c.variant_version,
+            photo_jobs.c.rerender_to,
+            func.coalesce(worker_lost, false()),
+            photos.c.keep_location,
+            func.coalesce(
+                and_(
+                    photos.c.processing_state == "ready",
+                    photo_jobs.c.status == "pending",
+                    machine.picture_owed(),
+                ),
+                false(),
+            ),
+            photo_jobs.c.status,
+        )
+        .outerjoin(photo_jobs, photo_jobs.c.photo_id == photos.c.id)
+        .where(photos.c.id == photo_id)
+    ).one_or_none()
+    return None if row is None else PhotoRow(*row)
 
-        A duplicate of an event, or its redelivery after a crash, announces the same upload and
-        reopens nothing (an input that crashes its worker would otherwise loop: worker lost, dead
-        letter, reopened, ...); nor does an upload older than the one seen (S3 delivers out of order).
-        A published photo's done job is reopened by a newer upload that is another original than
-        its picture's (SPEC 19). True if the upload reopened the job.
-        """
-        with self._transaction() as connection:
-            machine.ensure(connection, photo_id)
-            if upload is None:
-                return False
-            if machine.reopen(connection, photo_id, upload, lease_seconds=lease_seconds):
-                return True
-            machine.note_upload(connection, photo_id, upload)
-            return False
 
-    def claim(self, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
-        """A due pending job, or a stale active one with attempts left; else why not."""
-        with self._transaction() as connection:
-            claimed = machine.claim(connection, photo_id, stale_after=stale_after, max_attempts=max_attempts)
-            if claimed is not None:
-                return Claimed(claimed.attempt, Pin(claimed.etag, claimed.version))
-            # Not claimed: read why, only to answer the delivery (nothing is written on this read).
-            now = func.now()
-            due_at = case(
-                (photo_jobs.c.status == "pending", photo_jobs.c.next_retry_at),
-                (photo_jobs.c.status == "active", photo_jobs.c.claimed_at + timedelta(seconds=stale_after)),
-            )
-            row = connection.execute(
-                select(photo_jobs.c.status, photo_jobs.c.attempt, func.extract("epoch", due_at - now)).where(
-                    photo_jobs.c.photo_id == photo_id
-                )
-            ).one_or_none()
-        if row is None:
-            return None
-        status, attempt, retry_in = row
-        if status == "active" and attempt >= max_attempts and retry_in is not None and retry_in <= 0:
-            return Exhausted(attempt)
-        if status in ("done", "failed"):
-            return NotClaimable(status, None)
-        return NotClaimable(status, max(float(retry_in or 0), 0.0))
+def uploaded_after_deletion(connection: Connection, photo_id: UUID, purge_in: timedelta) -> bool:
+    """An upload of a deleted photo (a browser's POST that raced the deletion, or finished after
+    it): its tombstone is purged once more after `purge_in`, the sweep deleting what came after
+    the deletion's own purge. False if the photo was never deleted."""
+    found = connection.scalar(
+        update(deleted_photos)
+        .where(deleted_photos.c.photo_id == photo_id)
+        .values(
+            purged_at=None,
+            purge_after=func.greatest(deleted_photos.c.purge_after, func.now() + purge_in),
+        )
+        .returning(deleted_photos.c.photo_id)
+    )
+    return found is not None
 
-    def mark_done(self, photo_id: UUID) -> None:
-        """The photo is already published: its pending job has nothing left to do."""
-        with self._transaction() as connection:
-            machine.settle_published(connection, photo_id)
 
-    def publish(
-        self,
-        photo_id: UUID,
-        attempt: int,
-        *,
-        width: int,
-        height: int,
-        variants: Sequence[StoredVariant],
-        variant_version: int,
-        placeholder: Placeholder,
-        capture: Capture = NO_CAPTURE,
-        original: Pin = UNNAMED,
-    ) -> PublishResult:
-        """SPEC 4.1's one transaction (`transaction.publish`)."""
-        with self._transaction() as connection:
-            return transaction.publish(
-                connection,
-                photo_id,
-                attempt,
-                width=width,
-                height=height,
-                variants=variants,
-                variant_version=variant_version,
-                placeholder=placeholder,
-                capture=capture,
-                original=original,
-            )
+def ensure_job(
+    connection: Connection,
+    photo_id: UUID,
+    *,
+    upload: Upload | None = None,
+    lease_seconds: int = STALE_AFTER_SECONDS,
+    exists: bool = False,
+) -> bool:
+    """The photo's job, created if the photo exists (unless the caller read it: `exists`, for a job
+    row goes only with its photo); a newer upload of its original reopens a failed job, and the
+    newest upload that reached the job is remembered.
 
-    def replace_variants(
-        self,
-        photo_id: UUID,
-        attempt: int,
-        *,
-        width: int,
-        height: int,
-        variants: Sequence[StoredVariant],
-        variant_version: int,
-        placeholder: Placeholder,
-        retire_after: timedelta,
-        capture: Capture = NO_CAPTURE,
-        original: Pin = UNNAMED,
-        new_picture: bool = False,
-    ) -> PublishResult:
-        """A re-render's, or a published photo's new picture's, one transaction
-        (`transaction.replace_variants`)."""
-        with self._transaction() as connection:
-            return transaction.replace_variants(
-                connection,
-                photo_id,
-                attempt,
-                width=width,
-                height=height,
-                variants=variants,
-                variant_version=variant_version,
-                placeholder=placeholder,
-                capture=capture,
-                retire_after=retire_after,
-                original=original,
-                new_picture=new_picture,
-            )
+    A duplicate of an event, or its redelivery after a crash, announces the same upload and
+    reopens nothing (an input that crashes its worker would otherwise loop: worker lost, dead
+    letter, reopened, ...); nor does an upload older than the one seen (S3 delivers out of order).
+    A published photo's done job is reopened by a newer upload that is another original than
+    its picture's (SPEC 19). True if the upload reopened the job.
+    """
+    if not exists:
+        machine.ensure(connection, photo_id)
+    if upload is None:
+        return False
+    if machine.reopen(connection, photo_id, upload, lease_seconds=lease_seconds):
+        return True
+    machine.note_upload(connection, photo_id, upload)
+    return False
 
-    def holds(self, photo_id: UUID, attempt: int, variant_version: int, read: Pin) -> Holding | None:
-        """Whether the worker's claim still stands (None if not), and how its render of the original
-        `read` is committed.
 
-        Asked before the variant objects are written, because they carry an immutable Cache-Control:
-        a published version's objects are never written again (a re-render writes a newer version's,
-        a new picture its own).
-        """
-        with self._transaction() as connection:
-            photo = connection.execute(
-                select(
-                    photos.c.processing_state,
-                    photos.c.variant_version,
-                    photos.c.original_etag,
-                    photos.c.original_version,
-                    photos.c.entity_version,
-                )
-                .join(photo_jobs, photos.c.id == photo_jobs.c.photo_id)
-                .where(
-                    photo_jobs.c.photo_id == photo_id,
-                    photo_jobs.c.status == "active",
-                    photo_jobs.c.attempt == attempt,
-                )
-            ).one_or_none()
-        if photo is None:
-            return None
-        if photo.processing_state != "ready":
-            return Holding("publish")
-        below = (photo.variant_version or 0) < variant_version
-        same = _same_original(photo.original_etag, photo.original_version, read)
-        # Published before the original was recorded: with nothing to re-render, only a new
-        # upload claims the job.
-        if same is False or (same is None and not below):
-            return Holding("picture", photo.entity_version + 1)
-        return Holding("rerender" if below else "nothing")
+def claim(connection: Connection, photo_id: UUID, *, stale_after: int, max_attempts: int) -> ClaimResult:
+    """A due pending job, or a stale active one with attempts left; else why not."""
+    claimed = machine.claim(connection, photo_id, stale_after=stale_after, max_attempts=max_attempts)
+    if claimed is not None:
+        return Claimed(claimed.attempt, Pin(claimed.etag, claimed.version))
+    # Not claimed: read why, only to answer the delivery (nothing is written on this read).
+    now = func.now()
+    due_at = case(
+        (photo_jobs.c.status == "pending", photo_jobs.c.next_retry_at),
+        (photo_jobs.c.status == "active", photo_jobs.c.claimed_at + timedelta(seconds=stale_after)),
+    )
+    row = connection.execute(
+        select(photo_jobs.c.status, photo_jobs.c.attempt, func.extract("epoch", due_at - now)).where(
+            photo_jobs.c.photo_id == photo_id
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    status, attempt, retry_in = row
+    if status == "active" and attempt >= max_attempts and retry_in is not None and retry_in <= 0:
+        return Exhausted(attempt)
+    if status in ("done", "failed"):
+        return NotClaimable(status, None)
+    return NotClaimable(status, max(float(retry_in or 0), 0.0))
 
-    def finish(self, photo_id: UUID, attempt: int) -> None:
-        """The claimed attempt found the published picture to be the one it read, at its recipe:
-        its job is done, nothing written."""
-        with self._transaction() as connection:
-            machine.publish(connection, photo_id, attempt)
 
-    def step_aside(self, photo_id: UUID, attempt: int) -> bool:
-        """The upload the attempt pinned was written over: the job back to pending (SPEC 19)."""
-        with self._transaction() as connection:
-            return machine.step_aside(connection, photo_id, attempt)
+def take_owed_letter(
+    connection: Connection, photo_id: UUID, *, lease_seconds: int
+) -> OwedLetter | float | None:
+    """The job's owed dead letter, leased to the caller; else the seconds until it may be taken
+    (its lease, or its first sender, still holds it), or None when no letter is owed."""
+    leased = machine.lease_letters(connection, lease_seconds=lease_seconds, limit=1, photo_id=photo_id)
+    if leased and isinstance(leased[0], OwedLetter):
+        return leased[0]
+    return machine.letter_wait(connection, photo_id, lease_seconds=lease_seconds)
 
-    def fail(
-        self, photo_id: UUID, attempt: int, code: ErrorCode, *, final: bool = False
-    ) -> machine.Failed | None:
-        """Job `failed` (owing its dead letter if `final`), photo `processing_failed` (never a
-        published one) with its `photo.failed` event, in one transaction. The failure (its time
-        names its letter; a published photo's is its re-render's), or None if fenced out."""
-        with self._transaction() as connection:
-            failed = machine.fail(connection, photo_id, attempt, code, final=final)
-            if failed is None:
-                return None
-            # A published photo is not downgraded, and gets no event: only a photo marked failed does.
-            writer.append_failed(connection, failed.marked)
-        return failed
 
-    def take_owed_dead_letter(self, photo_id: UUID, *, lease_seconds: int) -> OwedDeadLetter | float | None:
-        """The job's owed dead letter, leased to the caller; else the seconds until it may be taken
-        (its lease, or its first sender, still holds it), or None when no letter is owed."""
-        with self._transaction() as connection:
-            leased = machine.lease_letters(
-                connection, lease_seconds=lease_seconds, limit=1, photo_id=photo_id
-            )
-            if leased and isinstance(leased[0], OwedDeadLetter):
-                return leased[0]
-            return machine.letter_wait(connection, photo_id, lease_seconds=lease_seconds)
+def holds(
+    connection: Connection, photo_id: UUID, attempt: int, variant_version: int, read: Pin
+) -> Holding | None:
+    """Whether the worker's claim still stands (None if not), and how its render of the original
+    `read` is committed.
 
-    def letter_still_owed(self, letter: OwedDeadLetter) -> bool:
-        """The letter's failure still stands, read just before it is sent: False once its photo was
-        deleted (its letter went with its job's row)."""
-        with self._transaction() as connection:
-            return bool(machine.still_owed(connection, [letter]))
-
-    def dead_letter_refused(self, letters: Sequence[OwedDeadLetter], *, lease_seconds: int) -> None:
-        """The queue refused these letters: any sender may take them now."""
-        if letters:
-            with self._transaction() as connection:
-                machine.release_letters(connection, letters, lease_seconds=lease_seconds)
-
-    def dead_letter_sent(self, letters: Sequence[OwedDeadLetter]) -> None:
-        """The queue accepted these letters: nothing is owed for those failures any more."""
-        if letters:
-            with self._transaction() as connection:
-                machine.settle_letters(connection, letters)
-
-    def release(self, photo_id: UUID, attempt: int, code: ErrorCode, retry_in: int) -> bool:
-        """Back to `pending`, not claimable for `retry_in` seconds; False if fenced out."""
-        with self._transaction() as connection:
-            return machine.release(connection, photo_id, attempt, code, retry_in)
+    Asked before the variant objects are written, because they carry an immutable Cache-Control:
+    a published version's objects are never written again (a re-render writes a newer version's,
+    a new picture its own).
+    """
+    photo = connection.execute(
+        select(
+            photos.c.processing_state,
+            photos.c.variant_version,
+            photos.c.original_etag,
+            photos.c.original_version,
+            photos.c.entity_version,
+        )
+        .join(photo_jobs, photos.c.id == photo_jobs.c.photo_id)
+        .where(
+            photo_jobs.c.photo_id == photo_id,
+            photo_jobs.c.status == "active",
+            photo_jobs.c.attempt == attempt,
+        )
+    ).one_or_none()
+    if photo is None:
+        return None
+    if photo.processing_state != "ready":
+        return Holding("publish")
+    below = (photo.variant_version or 0) < variant_version
+    same = _same_original(photo.original_etag, photo.original_version, read)
+    # Published before the original was recorded: with nothing to re-render, only a new
+    # upload claims the job.
+    if same is False or (same is None and not below):
+        return Holding("picture", photo.entity_version + 1)
+    return Holding("rerender" if below else "nothing")
 
 
 def _same_original(etag: str | None, version: str | None, read: Pin) -> bool | None:
@@ -417,18 +280,3 @@ def _same_original(etag: str | None, version: str | None, read: Pin) -> bool | N
     if etag is not None and read.etag is not None:
         return etag == read.etag
     return None
-
-
-# SQLSTATE classes a later attempt can outlive: connection exception, transaction rollback
-# (serialization failure, deadlock), insufficient resources, operator intervention (shutdown, and
-# statement_timeout's query_canceled).
-_TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
-# lock_timeout: a row held by a stuck transaction (idle_in_transaction_session_timeout ends it).
-_LOCK_NOT_AVAILABLE = "55P03"
-
-
-def _unavailable(error: DBAPIError | PoolTimeout) -> bool:
-    if isinstance(error, PoolTimeout | OperationalError) or error.connection_invalidated:
-        return True
-    sqlstate = getattr(error.orig, "sqlstate", None) or ""
-    return sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE

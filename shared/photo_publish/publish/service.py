@@ -7,31 +7,30 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
-from typing import Protocol
+from typing import Protocol, TypeGuard
 from uuid import UUID
 
+from sqlalchemy import Connection, Engine
+
 from photo_publish.adapters.storage import UNNAMED, OriginalReplaced, Pin
+from photo_publish.adapters.unit_of_work import unit_of_work
 from photo_publish.budget import Remaining, forever
 from photo_publish.errors import ErrorCode, PhotoError
 from photo_publish.events import PhotoRequest
 from photo_publish.image import slots
 from photo_publish.image.pipeline import Readable, RenderAlone, RenderOptions, render
 from photo_publish.image.recipes import Recipe
+from photo_publish.jobs import machine
 from photo_publish.keys import variant_key
 from photo_publish.observability import logger
-from photo_publish.outbox.relay import HandOff
+from photo_publish.outbox.relay import Waiting
+from photo_publish.publish import repository, transaction
 from photo_publish.publish.failures import EventHandOff, Failures
 from photo_publish.publish.outcomes import Outcome, Result, Steps
-from photo_publish.publish.repository import (
-    Claimed,
-    Exhausted,
-    NotClaimable,
-    PhotoRepository,
-    PhotoRow,
-)
-from photo_publish.publish.transaction import StoredVariant
+from photo_publish.publish.repository import Claimed, ClaimResult, Exhausted, Holding, NotClaimable, PhotoRow
+from photo_publish.publish.transaction import PublishResult, Rendition, StoredVariant
 from photo_publish.settings import Settings
 
 
@@ -51,7 +50,7 @@ def render_options(settings: Settings, budget: slots.DecodeBudget | None = None)
         max_input_dimension=settings.max_input_dimension,
         max_input_row_bytes=settings.max_input_row_bytes,
         render_timeout_seconds=settings.render_timeout_seconds,
-    ).sharing(budget or settings.decode_budget())
+    ).sharing(budget or slots.decode_budget(settings))
 
 
 class OriginalStream(Readable, Protocol):
@@ -74,6 +73,16 @@ class JobQueue(Protocol):
     def send_dead_letter(
         self, photo_id: UUID, attempt: int, code: ErrorCode, detail: str = "", *, kind: str = "photo"
     ) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A claimed attempt: the photo, the attempt (the worker's fencing token), and the upload it
+    reads pinned (None: what is there)."""
+
+    photo: PhotoRow
+    attempt: int
+    pin: Pin | None
 
 
 class RenderGate:
@@ -122,7 +131,7 @@ class RenderGate:
 class PhotoService:
     def __init__(
         self,
-        repository: PhotoRepository,
+        engine: Engine,
         store: ObjectStore,
         queue: JobQueue,
         settings: Settings,
@@ -131,14 +140,14 @@ class PhotoService:
     ) -> None:
         """`events` hands each committed event to the bus at once; without it (no bus configured)
         the scheduled relay alone publishes them."""
-        self._repository = repository
+        self._engine = engine
         self._store = store
         self._queue = queue
         self._settings = settings
         self._events = events
         # What a render may hold follows the function's memory, less what this process holds now
         # (its cold start: the interpreter, libvips, the clients): a shared slot, or the whole alone.
-        budget = settings.decode_budget(slots.resident_bytes())
+        budget = slots.decode_budget(settings, slots.resident_bytes())
         logger.info(
             "decode budget", slot_bytes=budget.slot, whole_bytes=budget.whole, source=budget.describe()
         )
@@ -151,14 +160,15 @@ class PhotoService:
         # A record's variants are put at once: one in its own thread, the others here.
         self._puts = ThreadPoolExecutor(settings.record_concurrency, thread_name_prefix="put")
         self._recipe_checked = False
-        self._failures = Failures(repository, queue, settings, events)
+        self._failures = Failures(engine, queue, settings, events)
 
     def ensure_recipe(self) -> None:
         """Record this function's recipe for its VARIANT_VERSION, or raise RecipeMismatch if the
         version was recorded as another recipe (SPEC 14); once per container once it succeeds."""
         if not self._recipe_checked:
             settings = self._settings
-            self._repository.ensure_recipe(settings.variant_version, Recipe.from_settings(settings))
+            with unit_of_work(self._engine) as connection:
+                repository.ensure_recipe(connection, settings.variant_version, Recipe.from_settings(settings))
             self._recipe_checked = True
 
     def process(
@@ -176,43 +186,96 @@ class PhotoService:
         started = time.perf_counter()
         # Before anything is rendered: never other bytes under an existing version's keys.
         self.ensure_recipe()
-        photo = self._photo_to_render(request)
-        if isinstance(photo, Result):
-            return photo
+        # Found and claimed among the other records: no claim is taken while one renders alone.
+        with self._gate.shared():
+            found = self._find(request)
+            if isinstance(found, PhotoRow) and not found.worker_lost:
+                found = self._claim(found, request)
+            if isinstance(found, Result):
+                return found
+            if isinstance(found, Work):
+                try:
+                    return self._attempt(found, remaining, started, alone=False)
+                except RenderAlone as over:
+                    # Its header says more than a shared slot: it leaves the records it is among,
+                    # keeping its claim, and renders once none is left (SPEC 3: only what no slot
+                    # of this function could hold is refused).
+                    logger.info("rendering alone", decode_bytes=over.needs, slot_bytes=over.slot)
         # A photo whose last worker died may be what killed it (a decoder's crash ends the whole
         # container): it is claimed and rendered alone, so that if it crashes again no neighbour of
         # its batch dies holding an attempt of its own (tests/integration/test_worker_crash.py).
-        alone = photo.worker_lost
-        with self._gate.alone() if alone else self._gate.shared():
-            claimed = self._claim(photo, request)
-            if isinstance(claimed, Result):
-                return claimed
-            attempt = claimed.attempt
-            # An upload's delivery reads the upload the attempt works from, pinned (SPEC 19): the
-            # newest the job has seen, its own or one newer. A job message reads what is there.
-            pin = claimed.pin if request.upload is not None else None
-            logger.thread_safe_append_keys(attempt=attempt)
-            try:
-                return self._attempt(photo, attempt, pin, remaining, started, alone=alone)
-            except RenderAlone as over:
-                # Its header says more than a shared slot: it leaves the records it is among, keeping
-                # its claim, and renders once none is left (SPEC 3: only what no slot of this
-                # function could hold is refused).
-                logger.info("rendering alone", decode_bytes=over.needs, slot_bytes=over.slot)
         with self._gate.alone():
-            return self._attempt(photo, attempt, pin, remaining, started, alone=True)
+            work = found if isinstance(found, Work) else self._claim(found, request)
+            if isinstance(work, Result):
+                return work
+            return self._attempt(work, remaining, started, alone=True)
 
-    def _attempt(
-        self,
-        photo: PhotoRow,
-        attempt: int,
-        pin: Pin | None,
-        remaining: Remaining,
-        started: float,
-        *,
-        alone: bool,
-    ) -> Result:
+    def _find(self, request: PhotoRequest) -> Work | PhotoRow | Result:
+        """The photo and, in the same transaction, the attempt this delivery claims when it is one to
+        render among the others; else the photo to claim (alone, or as a new picture), or the answer
+        when there is nothing to render (before any claim or S3 read)."""
+        settings = self._settings
+        with unit_of_work(self._engine) as connection:
+            photo = repository.get_photo(
+                connection, request.photo_id, stale_after=settings.stale_after_seconds
+            )
+            claim = self._claim_in(connection, photo, request) if self._claimable(photo, request) else None
+        if photo is None:
+            return self._missing(request)
+        logger.thread_safe_append_keys(photo_id=str(photo.id), album_id=str(photo.album_id))
+        if not self._claimable(photo, request):
+            return self._unclaimable(photo, request)
+        return self._claimed(photo, request, claim)
+
+    def _claimable(self, photo: PhotoRow | None, request: PhotoRequest) -> TypeGuard[PhotoRow]:
+        """Claimed as it is read: the event's original is the photo's, a render is owed (it is not
+        published, or a backfill's mark or a new picture is due), and its last worker is not lost."""
+        return (
+            photo is not None
+            and not photo.worker_lost
+            and (request.original is None or request.original.key == photo.original_key)
+            and not self._owed_nothing(photo)
+        )
+
+    def _owed_nothing(self, photo: PhotoRow) -> bool:
+        """Published, with nothing owed: no backfill's mark below this recipe, no new picture."""
+        return photo.processing_state == "ready" and not self._rerender(photo) and not photo.picture_owed
+
+    def _missing(self, request: PhotoRequest) -> Result:
+        """No such photo: deleted (its upload arrived after the deletion), or not registered yet."""
+        if request.original is not None:
+            with unit_of_work(self._engine) as connection:
+                deleted = repository.uploaded_after_deletion(
+                    connection, request.photo_id, self._settings.purge_delay
+                )
+            if not deleted:
+                # The upload raced the API's insert of the photo row: it may exist soon.
+                raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
+        return Result(Outcome.SKIPPED, request.photo_id)
+
+    def _unclaimable(self, photo: PhotoRow, request: PhotoRequest) -> PhotoRow | Result:
+        """A photo not claimed as it was read: the photo to claim (its last worker died, or a new
+        upload of a published photo's original reopened its job), or the answer."""
+        if request.original is not None and request.original.key != photo.original_key:
+            logger.warning("event key is not the photo's original", key=request.original.key)
+            return Result(Outcome.IGNORED, photo.id)
+        if self._owed_nothing(photo) and not self._new_picture(photo, request):
+            if request.upload is not None and photo.job_status == "failed":
+                # Its re-render failed for good and the letter may be on its way: the upload reopens
+                # the job once no sender holds it (the record comes back for that), as for any
+                # failed photo; meanwhile an owed letter is sent.
+                owed = self._failures.owed_letter(photo.id)
+                if owed.outcome is Outcome.RETRY:
+                    return owed
+            # Nothing is owed for the published photo: its pending job is done.
+            with unit_of_work(self._engine) as connection:
+                machine.settle_published(connection, photo.id)
+            return Result(Outcome.ALREADY, photo.id)
+        return photo
+
+    def _attempt(self, work: Work, remaining: Remaining, started: float, *, alone: bool) -> Result:
         """Render and publish the claimed attempt; a failure is recorded, RenderAlone passed on."""
+        photo, attempt, pin = work.photo, work.attempt, work.pin
         try:
             return self._render_and_publish(
                 photo, attempt, pin, remaining, time.perf_counter() - started, alone=alone
@@ -229,46 +292,20 @@ class PhotoService:
                 photo.id, attempt, PhotoError(ErrorCode.UNEXPECTED_ERROR, repr(error))
             )
 
-    def _photo_to_render(self, request: PhotoRequest) -> PhotoRow | Result:
-        """The photo, or the answer when there is nothing to render (before any claim or S3 read)."""
-        photo = self._repository.get_photo(request.photo_id, stale_after=self._settings.stale_after_seconds)
-        if photo is None:
-            if request.original is not None and not self._repository.uploaded_after_deletion(
-                request.photo_id, self._settings.purge_delay
-            ):
-                # The upload raced the API's insert of the photo row: it may exist soon.
-                raise PhotoError(ErrorCode.PHOTO_NOT_FOUND, request.original.key)
-            return Result(Outcome.SKIPPED, request.photo_id)
-        logger.thread_safe_append_keys(photo_id=str(photo.id), album_id=str(photo.album_id))
-        if request.original is not None and request.original.key != photo.original_key:
-            logger.warning("event key is not the photo's original", key=request.original.key)
-            return Result(Outcome.IGNORED, photo.id)
-        if (
-            photo.processing_state == "ready"
-            and not self._rerender(photo)
-            and not photo.picture_owed
-            and not self._new_picture(photo, request)
-        ):
-            if request.upload is not None and photo.job_status == "failed":
-                # Its re-render failed for good and the letter may be on its way: the upload reopens
-                # the job once no sender holds it (the record comes back for that), as for any
-                # failed photo; meanwhile an owed letter is sent.
-                owed = self._failures.owed_letter(photo.id)
-                if owed.outcome is Outcome.RETRY:
-                    return owed
-            self._repository.mark_done(photo.id)
-            return Result(Outcome.ALREADY, photo.id)
-        return photo
-
     def _new_picture(self, photo: PhotoRow, request: PhotoRequest) -> bool:
         """The event announces an upload newer than, and other than, the published picture's
         original (a form posted again, SPEC 19): the job is reopened, and the upload processed as
         the newest, a new picture. A duplicate or an older upload's event is not."""
         if request.upload is None:
             return False
-        reopened = self._repository.ensure_job(
-            photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
-        )
+        with unit_of_work(self._engine) as connection:
+            reopened = repository.ensure_job(
+                connection,
+                photo.id,
+                upload=request.upload,
+                lease_seconds=self._settings.stale_after_seconds,
+                exists=photo.job_status is not None,
+            )
         if reopened:
             logger.info("published photo's original written again: a new picture")
         return reopened
@@ -283,7 +320,8 @@ class PhotoService:
             etag=None if pin is None else pin.etag,
             version=None if pin is None else pin.version,
         )
-        self._repository.step_aside(photo.id, attempt)
+        with unit_of_work(self._engine) as connection:
+            machine.step_aside(connection, photo.id, attempt)
         return Result(Outcome.REPLACED, photo.id, attempt=attempt)
 
     def _rerender(self, photo: PhotoRow) -> bool:
@@ -292,17 +330,34 @@ class PhotoService:
         version = self._settings.variant_version
         return photo.rerender_to is not None and (photo.variant_version or 0) < version
 
-    def _claim(self, photo: PhotoRow, request: PhotoRequest) -> Claimed | Result:
-        """The attempt this delivery now owns (its fencing token), or why it owns none."""
-        self._repository.ensure_job(
-            photo.id, upload=request.upload, lease_seconds=self._settings.stale_after_seconds
+    def _claim(self, photo: PhotoRow, request: PhotoRequest) -> Work | Result:
+        """The attempt this delivery now owns (its fencing token), in a transaction of its own."""
+        with unit_of_work(self._engine) as connection:
+            claim = self._claim_in(connection, photo, request)
+        return self._claimed(photo, request, claim)
+
+    def _claim_in(self, connection: Connection, photo: PhotoRow, request: PhotoRequest) -> ClaimResult:
+        """The photo's job, told of the request's upload, claimed: in the caller's transaction."""
+        settings = self._settings
+        repository.ensure_job(
+            connection,
+            photo.id,
+            upload=request.upload,
+            lease_seconds=settings.stale_after_seconds,
+            exists=photo.job_status is not None,
         )
-        claim = self._repository.claim(
-            photo.id, stale_after=self._settings.stale_after_seconds, max_attempts=self._settings.max_attempts
+        return repository.claim(
+            connection, photo.id, stale_after=settings.stale_after_seconds, max_attempts=settings.max_attempts
         )
+
+    def _claimed(self, photo: PhotoRow, request: PhotoRequest, claim: ClaimResult) -> Work | Result:
+        """The claim's answer, once committed: the work this delivery now owns, or why it owns none."""
         match claim:
-            case Claimed():
-                return claim
+            case Claimed(attempt=attempt, pin=pin):
+                logger.thread_safe_append_keys(attempt=attempt)
+                # An upload's delivery reads the upload the attempt works from, pinned (SPEC 19): the
+                # newest the job has seen, its own or one newer. A job message reads what is there.
+                return Work(photo, attempt, pin if request.upload is not None else None)
             case NotClaimable(status="failed"):
                 return self._failures.owed_letter(photo.id)
             case NotClaimable(retry_in=None):
@@ -313,7 +368,7 @@ class PhotoService:
                 return self._worker_lost(photo, request, attempt)
         return Result(Outcome.SKIPPED, photo.id)
 
-    def _worker_lost(self, photo: PhotoRow, request: PhotoRequest, attempt: int) -> Claimed | Result:
+    def _worker_lost(self, photo: PhotoRow, request: PhotoRequest, attempt: int) -> Work | Result:
         """The job's last attempt lay with a dead worker: it fails for good (WORKER_LOST, a page).
 
         The record may carry an upload newer than the attempts lost (a new file arrived while the
@@ -366,13 +421,16 @@ class PhotoService:
             # The photo publishes all the same, without what its EXIF did not say clearly.
             logger.warning("capture metadata left empty", problem=rendered.capture_problem)
 
-        holding = self._repository.holds(photo.id, attempt, settings.variant_version, read)
+        with unit_of_work(self._engine) as connection:
+            holding = repository.holds(connection, photo.id, attempt, settings.variant_version, read)
         if holding is None:
             # Taken over: its variants are not this worker's to write.
             return Result(Outcome.SUPERSEDED, photo.id, attempt=attempt)
         if holding.commit == "nothing":
-            # The published picture is the one read, at this recipe: its objects are never rewritten.
-            self._repository.finish(photo.id, attempt)
+            # The published picture is the one read, at this recipe: its objects are never rewritten;
+            # the claimed attempt's job is done, nothing written.
+            with unit_of_work(self._engine) as connection:
+                machine.publish(connection, photo.id, attempt)
             return Result(Outcome.ALREADY, photo.id, attempt=attempt)
         self._budget(remaining, settings.commit_budget_seconds)
         stored = [
@@ -405,28 +463,16 @@ class PhotoService:
 
         self._budget(remaining, settings.commit_budget_seconds)
         stored_at = time.perf_counter()
-        # A published photo is re-rendered or given its new picture (its variants replaced), any
-        # other published.
-        commit = (
-            partial(self._repository.publish, original=read)
-            if holding.commit == "publish"
-            else partial(
-                self._repository.replace_variants,
-                retire_after=timedelta(seconds=settings.variant_grace_seconds),
-                original=read,
-                new_picture=holding.commit == "picture",
-            )
+        rendition = Rendition(
+            rendered.width,
+            rendered.height,
+            stored,
+            settings.variant_version,
+            rendered.placeholder,
+            rendered.capture,
+            original=read,
         )
-        published = commit(
-            photo.id,
-            attempt,
-            width=rendered.width,
-            height=rendered.height,
-            variants=stored,
-            variant_version=settings.variant_version,
-            placeholder=rendered.placeholder,
-            capture=rendered.capture,
-        )
+        published, leased = self._commit(photo.id, attempt, rendition, holding)
         waited = slotted - opened
         steps = Steps(
             claim_seconds,
@@ -435,14 +481,40 @@ class PhotoService:
             time.perf_counter() - stored_at,
             waited,
         )
+        # Its event on the bus right after the commit (SPEC 12), where the commit leased it.
+        handoff = None if self._events is None or leased is None else self._events.hand_off(photo.id, leased)
         return Result(
             Outcome(published.outcome),
             photo.id,
             attempt=attempt,
             steps=steps,
             variant_bytes=sum({v.key: v.size for v in stored}.values()),
-            handoff=self._hand_off(photo.id) if published.outcome in ("published", "rerendered") else None,
+            handoff=handoff,
         )
+
+    def _commit(
+        self, photo_id: UUID, attempt: int, rendition: Rendition, holding: Holding
+    ) -> tuple[PublishResult, list[Waiting] | None]:
+        """The render's one transaction: a photo's first picture published; a published photo
+        re-rendered, or given its new picture (its variants replaced). With it, where an event was
+        written and a bus is configured, the photo's event leased for the hand-off after it."""
+        with unit_of_work(self._engine) as connection:
+            if holding.commit == "publish":
+                published = transaction.publish(connection, photo_id, attempt, rendition)
+            else:
+                published = transaction.replace_variants(
+                    connection,
+                    photo_id,
+                    attempt,
+                    rendition,
+                    retire_after=timedelta(seconds=self._settings.variant_grace_seconds),
+                    new_picture=holding.commit == "picture",
+                )
+            wrote_event = published.outcome in ("published", "rerendered")
+            leased = (
+                self._events.lease(connection, photo_id) if self._events is not None and wrote_event else None
+            )
+        return published, leased
 
     def _put_variants(self, puts: Sequence[tuple[str, bytes, str]]) -> None:
         """Every variant at once; returns once each put has finished, raising the first failure (in
@@ -457,10 +529,6 @@ class PhotoService:
         failures += [failed for put in pending if (failed := put.exception()) is not None]
         if failures:
             raise failures[0]
-
-    def _hand_off(self, photo_id: UUID) -> HandOff | None:
-        """After a commit that wrote an event: put it on the bus now (best effort, bounded)."""
-        return None if self._events is None else self._events.hand_off(photo_id)
 
     @staticmethod
     def _budget(remaining: Remaining, needed: float) -> None:

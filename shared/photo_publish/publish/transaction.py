@@ -2,7 +2,7 @@
 
 One transaction, all or nothing: the job's transition out of `active` (fenced by the attempt its
 worker claimed), the photo's conditional UPDATE (only one worker publishes it), the variant rows,
-and the outbox event. The caller opens and commits it (`PhotoRepository`).
+and the outbox event. The caller opens and commits it (`adapters.unit_of_work`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from sqlalchemy.dialects.postgresql import insert
 
 from photo_publish.adapters.storage import UNNAMED, Pin
 from photo_publish.adapters.tables import photo_variants, photos, retired_variants
-from photo_publish.jobs import machine
-from photo_publish.keys import FIXED_KINDS, VariantKind
-from photo_publish.outbox import writer
-from photo_publish.outbox.contracts import (
+from photo_publish.contracts import (
+    NO_CAPTURE,
     PHOTO_PUBLISHED,
     PHOTO_VARIANTS_UPDATED,
     Capture,
@@ -31,6 +29,9 @@ from photo_publish.outbox.contracts import (
     PublishedVariants,
     VariantRef,
 )
+from photo_publish.jobs import machine
+from photo_publish.keys import FIXED_KINDS, VariantKind
+from photo_publish.outbox import writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +46,28 @@ class StoredVariant:
 
 
 @dataclass(frozen=True, slots=True)
+class Rendition:
+    """What a render commits, publishing or replacing: the photo's displayed size, its variants
+    (stored under `variant_version`'s keys), its placeholder and capture metadata, and the original
+    they were rendered from (SPEC 19), recorded with them."""
+
+    width: int
+    height: int
+    variants: Sequence[StoredVariant]
+    variant_version: int
+    placeholder: Placeholder
+    capture: Capture = NO_CAPTURE
+    original: Pin = UNNAMED
+
+
+@dataclass(frozen=True, slots=True)
 class PublishResult:
     outcome: Literal["published", "rerendered", "already", "skipped", "superseded"]
     payload: PhotoPublishedPayload | None = None
 
 
-def publish(
-    connection: Connection,
-    photo_id: UUID,
-    attempt: int,
-    *,
-    width: int,
-    height: int,
-    variants: Sequence[StoredVariant],
-    variant_version: int,
-    placeholder: Placeholder,
-    capture: Capture,
-    original: Pin = UNNAMED,
-) -> PublishResult:
+def publish(connection: Connection, photo_id: UUID, attempt: int, rendition: Rendition) -> PublishResult:
     """SPEC 4.1: variants, publication and outbox event in one transaction, all or nothing.
-    `original` is what the variants were rendered from (SPEC 19), recorded with them.
 
     Fenced first: only the worker that holds the job's claimed attempt may publish, so a worker
     whose job was taken over changes nothing (its job row is locked before the photo's, the
@@ -72,27 +75,13 @@ def publish(
     """
     if not machine.publish(connection, photo_id, attempt):
         return PublishResult(_superseded_or_skipped(connection, photo_id))
-    published = machine.publish_photo(
-        connection,
-        photo_id,
-        _rendition(width, height, variant_version, placeholder, capture, original=original),
-    )
+    published = machine.publish_photo(connection, photo_id, _columns(rendition))
     if published is None:
         # Zero rows: published already (by a worker of an earlier claim), or deleted.
         exists = connection.scalar(select(photos.c.id).where(photos.c.id == photo_id)) is not None
         return PublishResult("already" if exists else "skipped")
-    _store_variants(connection, photo_id, variants, variant_version)
-    payload, _ = _append_event(
-        connection,
-        PHOTO_PUBLISHED,
-        photo_id,
-        published,
-        width=width,
-        height=height,
-        variants=variants,
-        placeholder=placeholder,
-        capture=capture,
-    )
+    _store_variants(connection, photo_id, rendition)
+    payload, _ = _append_event(connection, PHOTO_PUBLISHED, photo_id, published, rendition)
     return PublishResult("published", payload)
 
 
@@ -100,15 +89,9 @@ def replace_variants(
     connection: Connection,
     photo_id: UUID,
     attempt: int,
+    rendition: Rendition,
     *,
-    width: int,
-    height: int,
-    variants: Sequence[StoredVariant],
-    variant_version: int,
-    placeholder: Placeholder,
-    capture: Capture,
     retire_after: timedelta,
-    original: Pin = UNNAMED,
     new_picture: bool = False,
 ) -> PublishResult:
     """SPEC 14: a published photo's variants re-rendered at a newer recipe, in one transaction.
@@ -124,11 +107,11 @@ def replace_variants(
     if not machine.publish(connection, photo_id, attempt):
         return PublishResult(_superseded_or_skipped(connection, photo_id))
     # Published at this version meanwhile (a new upload's own render): nothing to re-render.
-    due = true() if new_picture else func.coalesce(photos.c.variant_version, 0) < variant_version
+    due = true() if new_picture else func.coalesce(photos.c.variant_version, 0) < rendition.variant_version
     replaced = connection.execute(
         update(photos)
         .where(photos.c.id == photo_id, photos.c.processing_state == "ready", due)
-        .values(**_rendition(width, height, variant_version, placeholder, capture, original=original))
+        .values(**_columns(rendition))
         .returning(photos.c.album_id, photos.c.entity_version, photos.c.published_at)
     ).one_or_none()
     if replaced is None:
@@ -138,22 +121,14 @@ def replace_variants(
         select(photo_variants.c.storage_key)
         .where(
             photo_variants.c.photo_id == photo_id,
-            photo_variants.c.storage_key.not_in([v.key for v in variants]),
+            photo_variants.c.storage_key.not_in([v.key for v in rendition.variants]),
         )
         # two rows may name one object (the ladder's step at the browse's size)
         .distinct()
     ).all()
-    _store_variants(connection, photo_id, variants, variant_version)
+    _store_variants(connection, photo_id, rendition)
     payload, event_id = _append_event(
-        connection,
-        PHOTO_PUBLISHED if new_picture else PHOTO_VARIANTS_UPDATED,
-        photo_id,
-        replaced,
-        width=width,
-        height=height,
-        variants=variants,
-        placeholder=placeholder,
-        capture=capture,
+        connection, PHOTO_PUBLISHED if new_picture else PHOTO_VARIANTS_UPDATED, photo_id, replaced, rendition
     )
     if old_keys:
         # Deleted once `retire_after` has passed and the event telling consumers of the new
@@ -182,11 +157,10 @@ def _superseded_or_skipped(connection: Connection, photo_id: UUID) -> Literal["s
     return "superseded" if exists else "skipped"
 
 
-def _store_variants(
-    connection: Connection, photo_id: UUID, variants: Sequence[StoredVariant], variant_version: int
-) -> None:
-    """The photo's rows become exactly `variants`: a kind of an older recipe that this one does not
-    render (a ladder step it dropped) goes with it."""
+def _store_variants(connection: Connection, photo_id: UUID, rendition: Rendition) -> None:
+    """The photo's rows become exactly the rendition's variants: a kind of an older recipe that this
+    one does not render (a ladder step it dropped) goes with it."""
+    variants, variant_version = rendition.variants, rendition.variant_version
     connection.execute(
         delete(photo_variants).where(
             photo_variants.c.photo_id == photo_id, photo_variants.c.kind.not_in([v.kind for v in variants])
@@ -224,16 +198,7 @@ def _store_variants(
 
 
 def _append_event(
-    connection: Connection,
-    event_type: str,
-    photo_id: UUID,
-    photo: Any,
-    *,
-    width: int,
-    height: int,
-    variants: Sequence[StoredVariant],
-    placeholder: Placeholder,
-    capture: Capture,
+    connection: Connection, event_type: str, photo_id: UUID, photo: Any, rendition: Rendition
 ) -> tuple[PhotoPublishedPayload, UUID]:
     """The outbox row of a publication or a re-render (the same payload, SPEC 14), and its id."""
     album_id, entity_version, published_at = photo
@@ -242,7 +207,7 @@ def _append_event(
         v.kind: VariantRef(
             key=v.key, width=v.width, height=v.height, size=v.size, content_type=v.content_type
         )
-        for v in variants
+        for v in rendition.variants
     }
     fixed = {kind: refs.pop(kind) for kind in FIXED_KINDS}
     payload = PhotoPublishedPayload(
@@ -250,41 +215,34 @@ def _append_event(
         album_id=album_id,
         entity_version=entity_version,
         published_at=published_at,
-        width=width,
-        height=height,
+        width=rendition.width,
+        height=rendition.height,
         variants=PublishedVariants(**fixed),
-        placeholder=placeholder,
+        placeholder=rendition.placeholder,
         # In the render's order: by width, a step's formats in the configured order.
         ladder=tuple(refs.values()),
-        capture=capture,
+        capture=rendition.capture,
     )
     return payload, writer.append_published(connection, event_type, payload)
 
 
-def _rendition(
-    width: int,
-    height: int,
-    variant_version: int,
-    placeholder: Placeholder,
-    capture: Capture,
-    *,
-    original: Pin,
-) -> dict[str, Any]:
+def _columns(rendition: Rendition) -> dict[str, Any]:
     """The photo's columns a render sets, publishing or re-rendering: its displayed size, its
     variants' version, its placeholder, its capture metadata, the original it was read from, and one
     version bump."""
+    original = rendition.original
     # Nothing read to record (an object store that names nothing): the recorded original stays.
     read = (
         {} if original == UNNAMED else {"original_etag": original.etag, "original_version": original.version}
     )
     return {
         **read,
-        "width": width,
-        "height": height,
-        "variant_version": variant_version,
-        "thumbhash": placeholder.thumbhash,
-        "average_color": placeholder.average_color,
-        **capture_columns(capture),
+        "width": rendition.width,
+        "height": rendition.height,
+        "variant_version": rendition.variant_version,
+        "thumbhash": rendition.placeholder.thumbhash,
+        "average_color": rendition.placeholder.average_color,
+        **capture_columns(rendition.capture),
         "entity_version": photos.c.entity_version + 1,
         "updated_at": func.now(),
     }

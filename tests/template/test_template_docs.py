@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from photo_publish.settings import Settings
-from tests.integration.test_template import PSEUDO, REQUIRED, Stack, document
 from tests.markdown import slug, table
+from tests.template.test_template import PSEUDO, REQUIRED, Stack, document
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "docs" / "configuration.md"

@@ -22,22 +22,18 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import unquote_plus
 from uuid import uuid4
 
 import pytest
 import yaml
 from packaging.requirements import Requirement
-from sqlalchemy import Engine, insert, make_url, select
+from sqlalchemy import make_url
 
-from devkit import handlers, samples
-from devkit.poller import LambdaContext
-from photo_publish.adapters.models import Photo, PhotoJob
+from devkit import handlers
 from photo_publish.events import from_sqs_body
 from photo_publish.image import slots
 from photo_publish.keys import original_key, variant_key
 from photo_publish.settings import Settings
-from tests.conftest import Infra
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -308,7 +304,7 @@ def test_what_a_render_may_hold_follows_the_process_functions_memory_which_lambd
     # THEN its default is the memory the code assumes where Lambda does not say (a render outside the
     # function, sam local's default), and the template sets no number of its own for the decoders:
     # Lambda passes the memory as AWS_LAMBDA_FUNCTION_MEMORY_SIZE, a variable it reserves
-    assert int(memory) == DEFAULTS["aws_lambda_function_memory_size"] == slots.TEMPLATE_MEMORY_MB
+    assert int(memory) == DEFAULTS["aws_lambda_function_memory_size"] == slots.DEFAULT.memory // slots.MIB
     assert "AWS_LAMBDA_FUNCTION_MEMORY_SIZE" not in variables
     assert not {name for name in variables if "DECODE" in name}
     # AND the least memory the parameter allows still holds the default renders at once
@@ -963,6 +959,21 @@ def test_the_roles_object_prefixes_are_the_key_layout_of_the_code(stack: Stack) 
     assert "Condition" not in listing
 
 
+def test_the_roles_that_list_the_bucket_list_only_a_photos_prefixes() -> None:
+    """Issue 22 item 4, least privilege: the upload and sweep functions list the bucket only to find
+    a deleted photo's objects, so their s3:ListBucket is held to the originals' and variants' keys
+    (the process function's, for a missing original's 404, has no prefix to hold it to)."""
+    resources = yaml.load(Path("template.yaml").read_text(), Loader=CfnLoader)["Resources"]
+    listing = {}
+    for name in ("UploadRole", "SweepRole"):
+        for policy in resources[name]["Properties"]["Policies"]:
+            for statement in policy["PolicyDocument"]["Statement"]:
+                if isinstance(statement, dict) and statement.get("Action") == "s3:ListBucket":
+                    listing[name] = statement.get("Condition", {}).get("StringLike", {}).get("s3:prefix")
+    assert set(listing) == {"UploadRole", "SweepRole"}
+    assert all(prefixes is not None and len(prefixes) == 2 for prefixes in listing.values()), listing
+
+
 @pytest.mark.parametrize("subnets", ["", "subnet-1,subnet-2"])
 @pytest.mark.parametrize(
     ("role", "group"),
@@ -1222,35 +1233,6 @@ def test_the_sample_events_name_the_local_bucket_and_stage() -> None:
     assert len(photos) == 1  # both name the same photo
     sweep = json.loads((EVENTS / "sweep-scheduled.json").read_text())
     assert sweep["detail-type"] == "Scheduled Event" and sweep["source"] == "aws.events"
-
-
-def test_the_sample_events_run_the_handlers(infra: Infra, db: Engine) -> None:
-    # GIVEN the local bucket and stage, and the photo the sample events name, as the API writes it
-    env = local_env()
-    infra.s3.create_bucket(Bucket=env["PHOTO_BUCKET"])
-    infra.configure(photo_bucket=env["PHOTO_BUCKET"], stage=env["STAGE"])
-    event = json.loads((EVENTS / "process-s3-notification.json").read_text())
-    s3_record = json.loads(event["Records"][0]["body"])["Records"][0]["s3"]
-    key = unquote_plus(s3_record["object"]["key"])
-    photo_id, album_id = key.split("/")[4], key.split("/")[3]
-    with db.begin() as connection:
-        connection.execute(insert(Photo).values(id=photo_id, album_id=album_id, original_key=key))
-        connection.execute(insert(PhotoJob).values(photo_id=photo_id))
-    infra.s3.put_object(Bucket=env["PHOTO_BUCKET"], Key=key, Body=(samples.IMAGES / "Wood.jpg").read_bytes())
-    process, sweep = handlers.load("process"), handlers.load("sweep")
-
-    # WHEN each sample event is handled, as `sam local invoke -e events/...` would
-    published = process.lambda_handler(event, LambdaContext())
-    again = process.lambda_handler(
-        json.loads((EVENTS / "process-job-message.json").read_text()), LambdaContext()
-    )
-    swept = sweep.lambda_handler(json.loads((EVENTS / "sweep-scheduled.json").read_text()), LambdaContext())
-
-    # THEN the photo is published, the job message finds it done, and the sweep finds nothing due
-    assert published == again == {"batchItemFailures": []}
-    with db.connect() as connection:
-        assert connection.scalar(select(Photo.processing_state).where(Photo.id == photo_id)) == "ready"
-    assert swept["resentPending"] == 0
 
 
 def test_the_compose_file_serves_what_env_local_json_and_samconfig_name(stack: Stack) -> None:

@@ -19,7 +19,7 @@ import pytest
 from photo_publish.adapters.storage import IMMUTABLE
 from photo_publish.keys import original_key, variant_key
 from photo_publish.settings import Settings
-from tests.integration.test_template import Stack, document
+from tests.template.test_template import Stack, document
 
 PUBLIC_KEY = (
     "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n-----END PUBLIC KEY-----\n"

@@ -13,7 +13,7 @@ import pytest
 from photo_publish import deploy, migrate
 from photo_publish.migrate import RuntimeRole
 from photo_publish.settings import Settings
-from tests.integration.test_template import REQUIRED, ROOT, Stack, _pins, document
+from tests.template.test_template import REQUIRED, ROOT, Stack, _pins, document
 
 OWNER = REQUIRED["DbSecretArn"]
 GIVEN_RUNTIME = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:photo-runtime-XyZ123"

@@ -2,6 +2,9 @@
 
 Schema version 2 (SPEC 13) adds the placeholder; version 3 (SPEC 18) the responsive ladder and
 the capture metadata. The reader accepts 1 to 3, each with exactly its own keys.
+
+Below the image code and the outbox alike: the pipeline makes the placeholder and the capture that
+the outbox's writer and relay carry.
 """
 
 import base64

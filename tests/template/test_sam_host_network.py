@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from awslocal.sam import RIE, SamChanged, host_network_create_arguments
-from tests.integration.test_template import ROOT, tool
+from tests.template.test_template import ROOT, tool
 
 
 def sam_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import pytest
 
 from photo_publish.settings import InvalidSettings, Settings
-from tests.integration.test_template import Stack, document
+from tests.template.test_template import Stack, document
 
 Verdict = Literal["takes", "respelled", "refuses"]
 
