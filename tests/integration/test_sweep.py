@@ -30,7 +30,7 @@ from photo_publish.adapters.tables import cdn_invalidations, deleted_photos
 from photo_publish.contracts import PHOTO_FAILED, PhotoFailedPayload
 from photo_publish.errors import ErrorCode
 from photo_publish.jobs import machine
-from photo_publish.jobs.sweep import Sweeper
+from photo_publish.jobs.sweep import PURGE_FIRST_BATCH, Sweeper
 from tests import cdn
 from tests.conftest import BUCKET, STAGE, Infra
 from tests.faults import aws_fails, connection_killed
@@ -453,6 +453,20 @@ def erased_album(db: Engine, count: int) -> uuid.UUID:
     with db.begin() as c:
         c.execute(update(deleted_photos).values(purge_after=ago(MINUTE)))
     return album
+
+
+def test_a_sweep_with_no_deadline_purges_an_album_erasure_in_one_run(infra: Infra, db: Engine) -> None:
+    # GIVEN an erased album of more photos than the purge's first batch takes
+    erased_album(db, 3 * PURGE_FIRST_BATCH)
+    queue = SqsQueue(infra.sqs, infra.settings.process_queue_url, infra.settings.dead_letter_queue_url)
+
+    # WHEN the sweep runs with no clock (as the operator's commands and the soak's sweeps run it)
+    summary = Sweeper(db, queue, infra.settings, store=S3Store(infra.s3, BUCKET)).run()
+
+    # THEN its later batches are sized by the batch size alone, and every photo is purged
+    assert summary.deleted_purged == 3 * PURGE_FIRST_BATCH and not summary.out_of_time
+    with db.connect() as c:
+        assert c.scalar(select(func.count()).where(deleted_photos.c.purged_at.is_(None))) == 0
 
 
 def test_an_album_erasure_is_purged_over_several_runs_each_inside_its_time(infra: Infra, db: Engine) -> None:

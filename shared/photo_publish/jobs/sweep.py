@@ -9,6 +9,7 @@ rows: a step that fails is logged and counted, and never discards what another s
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,7 +128,10 @@ class Clock:
         seconds_each: float | None = None
         while True:
             left = self.left()
-            limit = first if seconds_each is None else min(most, int(left / 2 / seconds_each))
+            if seconds_each is None:
+                limit = first
+            else:  # a run with no deadline (the operator's, a test's) has an infinite share to fit
+                limit = most if math.isinf(left) else min(most, int(left / 2 / seconds_each))
             if left <= 0 or limit < 1:
                 self.summary.out_of_time = True
                 return
