@@ -51,7 +51,7 @@ from benchmarks.delivery import moto_process
 from devkit import stack, uploads
 from photo_publish.adapters.database import create_database_engine
 from photo_publish.adapters.unit_of_work import unit_of_work
-from photo_publish.outbox.contracts import Placeholder
+from photo_publish.contracts import Placeholder
 from photo_publish.outbox.relay import EventBridgeBus, Relay, Waiting
 from photo_publish.publish import repository, transaction
 from photo_publish.publish.transaction import Rendition, StoredVariant
